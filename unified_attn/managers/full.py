@@ -1,0 +1,35 @@
+"""Full attention: every token stays visible, so no block is freed before the request ends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv
+from unified_attn.managers.block_pool import KVCacheBlock
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+    @attrs.frozen
+    class Config(SingleTypeKVCacheManager.Config):
+        pass
+
+    hit_is_downward_closed = True
+
+    def max_blocks_per_request(self) -> int:
+        return cdiv(self.max_model_len, self.block_size)
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_length: int, alignment: int
+    ) -> tuple[list[KVCacheBlock], int]:
+        # Hashes are chained: the first miss ends the hit, so scan left to right.
+        hits: list[KVCacheBlock] = []
+        group = (self.group_id,)
+        for block_hash in block_hashes[: max_length // self.block_size]:
+            cached = self.block_pool.get_cached_block(block_hash, group)
+            if cached is None:
+                break
+            hits.append(cached[0])
+        hit_length = len(hits) * self.block_size // alignment * alignment
+        return hits[: hit_length // self.block_size], hit_length

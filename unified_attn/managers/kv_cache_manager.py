@@ -1,0 +1,199 @@
+"""`KVCacheManager`: the scheduler-facing API over every KV-cache group."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from unified_attn.managers.block_pool import KVCacheBlock, PrefixCacheStats
+from unified_attn.managers.config import SchedulerKVCacheConfig
+from unified_attn.managers.coordinator import make_coordinator
+from unified_attn.managers.hashing import request_block_hasher
+from unified_attn.request import Request
+
+
+@attrs.frozen
+class KVCacheBlocks:
+    """Blocks per group: `blocks[group_id][i]`."""
+
+    blocks: tuple[list[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks, strict=True)))
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self.blocks)
+
+
+class KVCacheManager:
+    """Prefix hits, slot allocation and freeing for requests, over one shared block pool.
+
+    Token layout of a request at `allocate_slots`:
+    `| computed | new computed (prefix hit) | new | lookahead |`.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: SchedulerKVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+    ) -> None:
+        if max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.coordinator = make_coordinator(
+            kv_cache_config, max_model_len, max_in_flight_tokens, enable_caching
+        )
+        self.block_pool = self.coordinator.block_pool
+        self.managers = self.coordinator.managers
+        self.num_groups = len(self.managers)
+        self.prefix_cache_stats = PrefixCacheStats()
+        self._empty = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
+
+    # ---- queries -------------------------------------------------------------------------------
+
+    @property
+    def hash_block_size(self) -> int:
+        return self.coordinator.hash_block_size
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def make_block_hasher(self):
+        """The block hasher requests must carry for prefix caching with this manager."""
+        return request_block_hasher(self.hash_block_size)
+
+    def max_blocks_per_request(self) -> list[int]:
+        """Worst-case blocks of one request per group (admission caps and sizing)."""
+        return [m.max_blocks_per_request() for m in self.managers]
+
+    def get_blocks(self, request: Request | str) -> KVCacheBlocks:
+        return KVCacheBlocks(self.coordinator.get_blocks(_request_id(request)))
+
+    def get_block_ids(self, request: Request | str) -> tuple[list[int], ...]:
+        return self.get_blocks(request).get_block_ids()
+
+    # ---- prefix hits ---------------------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of a waiting request: (hit blocks per group, tokens).
+
+        The hit is at most `num_tokens - 1`: the last prompt token is always recomputed so the
+        step produces logits.
+        """
+        if not self.enable_caching or not self.num_groups:
+            return self._empty, 0
+        max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.hash_block_size)
+        blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
+        self.prefix_cache_stats.record(request.num_tokens, num_hit)
+        return KVCacheBlocks(blocks), num_hit
+
+    # ---- allocation ----------------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> KVCacheBlocks | None:
+        """Reserve slots for `num_new_tokens`; returns the newly allocated blocks per group,
+        or None (with nothing changed) when the pool cannot hold them."""
+        self._check_counts(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens)
+        rid = request.request_id
+        hits = new_computed_blocks.blocks if new_computed_blocks is not None else self._empty.blocks
+        if len(hits) != self.num_groups:
+            raise ValueError(
+                f"new_computed_blocks has {len(hits)} groups, expected {self.num_groups}"
+            )
+        coordinator = self.coordinator
+        total_computed = request.num_computed_tokens + num_new_computed_tokens
+        num_free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            whole = min(request.num_tokens, self.max_model_len)
+            need = coordinator.get_num_blocks_to_allocate(rid, whole, hits, total_computed, True)
+            if need > num_free:
+                return None
+        num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        # Free only on the settled basis: an in-flight step may still read the window.
+        settled = max(0, total_computed - request.num_in_flight_tokens)
+        freeable = coordinator.num_freeable_skipped_blocks(rid, settled)
+        if coordinator.get_num_blocks_to_allocate(rid, num_tokens, hits, total_computed) > (
+            num_free + freeable
+        ):
+            return None
+        # Admission succeeded; from here on state changes.
+        coordinator.remove_skipped_blocks(rid, settled)
+        coordinator.add_computed_blocks(rid, hits, total_computed)
+        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens)
+        if self.enable_caching:
+            # Never cache tokens that are not part of the request yet (drafts, lookahead).
+            coordinator.cache_blocks(
+                request, min(total_computed + num_new_tokens, request.num_tokens)
+            )
+        return KVCacheBlocks(new_blocks)
+
+    def _check_counts(
+        self, request: Request, num_new: int, num_new_computed: int, num_lookahead: int
+    ) -> None:
+        for name, value in (
+            ("num_new_tokens", num_new),
+            ("num_new_computed_tokens", num_new_computed),
+            ("num_lookahead_tokens", num_lookahead),
+        ):
+            if value < 0:
+                raise ValueError(f"allocate_slots({request.request_id!r}): {name} is {value} < 0")
+        if num_new == 0 and num_new_computed == 0:
+            raise ValueError(
+                f"allocate_slots({request.request_id!r}): nothing to schedule "
+                "(num_new_tokens == 0 and num_new_computed_tokens == 0); "
+                "schedule at least one token."
+            )
+        end = request.num_computed_tokens + num_new_computed + num_new
+        if end > self.max_model_len:
+            raise ValueError(
+                f"allocate_slots({request.request_id!r}): the request would hold {end} tokens, "
+                f"more than max_model_len={self.max_model_len}; finish or truncate it first."
+            )
+
+    # ---- freeing and cache control -------------------------------------------------------------
+
+    def free(self, request: Request | str) -> None:
+        """Free every block of the request, tail first (its hashed blocks stay cached).
+
+        Freeing a request that holds no blocks (unknown, or already freed) is a no-op.
+        """
+        self.coordinator.free(_request_id(request))
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop blocks from the prefix cache (external cache controllers); blocks in use stay."""
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; refused (False) while any request holds blocks."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self.prefix_cache_stats = PrefixCacheStats()
+        return True
+
+    def new_step_starts(self) -> None:
+        """Call once at the start of every scheduler step."""
+        self.coordinator.new_step_starts()
+
+    def take_new_block_ids(self) -> list[int]:
+        """Ids of newly allocated blocks that must be zeroed before use (state groups)."""
+        return [i for m in self.managers for i in m.take_new_block_ids()]
+
+
+def _request_id(request: Request | str) -> str:
+    return request if isinstance(request, str) else request.request_id

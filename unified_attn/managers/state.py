@@ -1,0 +1,169 @@
+"""State layers (Mamba, linear attention): only the latest recurrent state matters.
+
+Mode "none": no prefix caching. A request's table is `[state, *speculative]`, allocated once.
+Mode "align": the table is positional like attention's. After a step ending at token n, the
+block at index `(n - 1) // block_size` holds the state after n tokens; earlier positions are null
+(freed). A step ending on a block boundary leaves a checkpoint that is cached under that block's
+hash, and a prefix hit is the single right-most cached checkpoint.
+
+The backend reads a request's state from table position `(num_computed - 1) // block_size`
+(zeros when nothing is computed) and writes it to `(num_computed + num_new - 1) // block_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv, check_non_negative
+from unified_attn.managers.block_pool import KVCacheBlock
+from unified_attn.request import Request
+
+MAMBA_CACHE_MODES = ("none", "align")
+
+
+def _check_mode(_instance: object, attribute: attrs.Attribute, value: str) -> None:
+    if value not in MAMBA_CACHE_MODES:
+        raise ValueError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {value!r}")
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    @attrs.frozen
+    class Config(SingleTypeKVCacheManager.Config):
+        mamba_cache_mode: Literal["none", "align"] = attrs.field(
+            default="none", validator=_check_mode
+        )
+        num_speculative_blocks: int = attrs.field(default=0, validator=check_non_negative)
+
+        def __attrs_post_init__(self) -> None:
+            if self.mamba_cache_mode == "align" and self.num_speculative_blocks:
+                raise ValueError(
+                    "num_speculative_blocks > 0 needs mamba_cache_mode='none' "
+                    f"(got mamba_cache_mode='align', num_speculative_blocks="
+                    f"{self.num_speculative_blocks})"
+                )
+
+    config: Config
+    needs_zeroed_blocks = True
+
+    def __init__(self, config: Config, **kwargs) -> None:
+        super().__init__(config, **kwargs)
+        self.align = config.mamba_cache_mode == "align"
+        # align mode: non-null positions of each request's table (at most a few).
+        self.live_positions: dict[str, list[int]] = {}
+        self.cached_this_step: set[int] = set()
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(num_computed_tokens - 1, 0)
+
+    def max_blocks_per_request(self) -> int:
+        # align: the state read this step and the block it writes are both alive.
+        return 1 + self.config.num_speculative_blocks + (1 if self.align else 0)
+
+    # ---- allocation ----------------------------------------------------------------------------
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        if not self.align:
+            return 0 if self.req_to_blocks.get(request_id) else self.max_blocks_per_request()
+        if any(b.block_id in self.cached_this_step for b in new_computed_blocks):
+            # The checkpoint is written by this very step: retry the hit next step.
+            return self.block_pool.num_blocks
+        num_positions = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        return int(cdiv(num_tokens, self.block_size) > num_positions) + evictable
+
+    def add_computed_blocks(
+        self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock], num_computed: int
+    ) -> None:
+        super().add_computed_blocks(request_id, new_computed_blocks, num_computed)
+        blocks = self.req_to_blocks[request_id]
+        self.live_positions[request_id] = [i for i, b in enumerate(blocks) if not b.is_null]
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        self.num_cached_block.setdefault(request_id, len(blocks))
+        if not self.align:
+            if blocks:
+                return []
+            new_blocks = self.block_pool.get_new_blocks(self.max_blocks_per_request())
+        else:
+            last = cdiv(num_tokens, self.block_size) - 1
+            if last < len(blocks):
+                return []
+            new_blocks = self.block_pool.get_new_blocks(1)
+            blocks.extend([self.null_block] * (last - len(blocks)))
+            self.live_positions.setdefault(request_id, []).append(last)
+        blocks.extend(new_blocks)
+        self._record_new(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache the checkpoint when this step ends exactly on an aligned block boundary."""
+        if not self.align or num_tokens % self.cache_alignment or not num_tokens:
+            return
+        index = num_tokens // self.block_size - 1
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        hashes = self.block_hashes(request)
+        if index >= min(len(blocks), len(hashes)) or blocks[index].is_null:
+            return
+        if blocks[index].block_hash is None:
+            self.block_pool.cache_full_blocks(blocks, hashes, index, index + 1, self.group_id)
+            self.cached_this_step.add(blocks[index].block_id)
+
+    def new_step_starts(self) -> None:
+        self.cached_this_step.clear()
+
+    # ---- freeing -------------------------------------------------------------------------------
+
+    def _stale_positions(self, request_id: str, num_computed_tokens: int) -> list[int]:
+        if not self.align:
+            return []
+        end = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        return [i for i in self.live_positions.get(request_id, ()) if i < end]
+
+    def num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        blocks = self.req_to_blocks.get(request_id, [])
+        stale = self._stale_positions(request_id, num_computed_tokens)
+        return sum(1 for i in stale if blocks[i].ref_cnt == 1)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        stale = self._stale_positions(request_id, num_computed_tokens)
+        if not stale:
+            return
+        blocks = self.req_to_blocks[request_id]
+        freed = [blocks[i] for i in reversed(stale)]
+        for i in stale:
+            blocks[i] = self.null_block
+        self.live_positions[request_id] = [
+            i for i in self.live_positions[request_id] if i not in stale
+        ]
+        self.block_pool.free_blocks(freed)
+
+    def free(self, request_id: str) -> None:
+        self.live_positions.pop(request_id, None)
+        super().free(request_id)
+
+    # ---- prefix hits ---------------------------------------------------------------------------
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_length: int, alignment: int
+    ) -> tuple[list[KVCacheBlock], int]:
+        if not self.align:
+            return [], 0
+        group = (self.group_id,)
+        for i in range(min(max_length // self.block_size, len(block_hashes)) - 1, -1, -1):
+            if (i + 1) * self.block_size % alignment:
+                continue
+            cached = self.block_pool.get_cached_block(block_hashes[i], group)
+            if cached is not None:
+                return [self.null_block] * i + [cached[0]], (i + 1) * self.block_size
+        return [], 0
