@@ -25,9 +25,6 @@ class KVCacheBlocks:
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(a + b for a, b in zip(self.blocks, other.blocks, strict=True)))
 
-    def __len__(self) -> int:
-        return sum(len(group) for group in self.blocks)
-
 
 class KVCacheManager:
     """Prefix hits, slot allocation and freeing for requests, over one shared block pool.

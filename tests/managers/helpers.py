@@ -1,0 +1,47 @@
+"""Small builders shared by the manager tests."""
+
+from __future__ import annotations
+
+from unified_attn.managers import (
+    FullAttentionManager,
+    KVCacheManager,
+    SchedulerKVCacheConfig,
+)
+from unified_attn.request import Request
+
+FULL = (FullAttentionManager, FullAttentionManager.Config())
+
+
+def make_manager(num_blocks=11, block_size=16, groups=(FULL,), max_model_len=1024, **kwargs):
+    config = SchedulerKVCacheConfig(num_blocks, block_size, list(groups))
+    return KVCacheManager(config, max_model_len=max_model_len, **kwargs)
+
+
+def make_request(manager: KVCacheManager, request_id: str, tokens, **kwargs) -> Request:
+    return Request(request_id, list(tokens), block_hasher=manager.make_block_hasher(), **kwargs)
+
+
+def admit(manager: KVCacheManager, request: Request, num_new: int | None = None):
+    """get_computed_blocks + allocate_slots for a waiting request; marks tokens computed."""
+    hits, num_hit = manager.get_computed_blocks(request)
+    if num_new is None:
+        num_new = request.num_tokens - num_hit
+    new = manager.allocate_slots(request, num_new, num_hit, hits)
+    if new is not None:
+        request.num_computed_tokens += num_hit + num_new
+    return hits, num_hit, new
+
+
+def step(manager: KVCacheManager, request: Request, num_new: int = 1):
+    new = manager.allocate_slots(request, num_new)
+    if new is not None:
+        request.num_computed_tokens += num_new
+    return new
+
+
+def free_ids(manager: KVCacheManager) -> list[int]:
+    return [b.block_id for b in manager.block_pool.free_block_queue]
+
+
+def ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks]
