@@ -1,6 +1,6 @@
 """Full attention: the 11-block example, hit direction and cap, caching as blocks fill."""
 
-from tests.managers.helpers import admit, free_ids, ids, make_manager, make_request, step
+from tests.managers.helpers import admit, free_ids, make_manager, make_request, step
 
 
 def test_eleven_block_example_exact_ids_and_free_order():

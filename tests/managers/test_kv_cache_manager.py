@@ -73,7 +73,7 @@ def test_preempted_request_resumes_from_its_own_cached_prefix():
     table = m.get_block_ids(r)[0]
     m.free(r)  # preemption by recompute
     r.num_computed_tokens = 0
-    hits, hit, new = admit(m, r)
+    hits, hit, _new = admit(m, r)
     assert hit == 12 and hits.get_block_ids()[0] == table[:3]
     assert m.get_block_ids(r)[0][:3] == table[:3]
 
@@ -107,5 +107,5 @@ def test_lookahead_slots_are_allocated_but_never_cached():
 def test_groups_accept_plain_tuples():
     config = SchedulerKVCacheConfig(8, 16, [FULL])
     assert config.groups[0].manager_cls is FULL[0]
-    with pytest.raises(TypeError, match="needs a FullAttentionManager.Config"):
+    with pytest.raises(TypeError, match=r"needs a FullAttentionManager\.Config"):
         SchedulerKVCacheConfig(8, 16, [(FULL[0], object())])

@@ -30,7 +30,7 @@ def cache_pattern(pool, pattern):
     blocks = pool.get_new_blocks(len(pattern))
     pool.cache_full_blocks(blocks, hashes, 0, len(pattern), group_id=0)
     pool.free_blocks(list(reversed(blocks)))
-    pool.evict_blocks([b.block_id for b, keep in zip(blocks, pattern) if not keep])
+    pool.evict_blocks([b.block_id for b, keep in zip(blocks, pattern, strict=False) if not keep])
     return hashes, blocks
 
 
@@ -71,7 +71,7 @@ def test_short_prefix_run_from_block_zero_still_counts():
 
 def test_run_must_end_on_an_aligned_boundary():
     pool, m = make_swa_manager(window=3, block_size=2)  # needs 1 block
-    hashes, blocks = cache_pattern(pool, [False, False, True, False])
+    hashes, _blocks = cache_pattern(pool, [False, False, True, False])
     assert m.find_longest_cache_hit(hashes, 8, alignment=2)[1] == 6
     assert m.find_longest_cache_hit(hashes, 8, alignment=4)[1] == 0
 
