@@ -1,0 +1,5 @@
+"""Attention backends implementing the unified contract."""
+
+from unified_attn.backends.reference import ReferenceAttentionBackend
+
+__all__ = ["ReferenceAttentionBackend"]

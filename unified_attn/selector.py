@@ -1,0 +1,115 @@
+"""Backend registry and selection.
+
+Backends register with `@register_backend(priority={"cuda": 50, "cpu": 10})`; no table names
+them. `select_backend(cfg)` picks the highest-priority backend whose `validate_configuration`
+returns no reasons; an override is validated and never silently replaced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from unified_attn.backend import AttentionBackend, AttentionType
+from unified_attn.tensor_specs import as_dtype
+
+BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
+
+_REGISTRY: dict[str, tuple[type[AttentionBackend], dict[str, int]]] = {}
+# Modules that register the built-in backends; imported lazily on first selection.
+_BUILTIN_MODULES = ("unified_attn.backends.reference",)
+
+
+def batch_invariant_from_env() -> bool:
+    return os.environ.get(BATCH_INVARIANT_ENV, "0").lower() in ("1", "true", "yes")
+
+
+@attrs.frozen
+class SelectorConfig:
+    """What a backend must support for one attention kind of a model."""
+
+    head_size: int
+    dtype: torch.dtype = attrs.field(converter=as_dtype)
+    kv_cache_dtype: torch.dtype | str = "auto"
+    block_size: int | None = None
+    has_sinks: bool = False
+    sliding_window: int | None = None
+    attn_type: AttentionType = AttentionType.DECODER
+    device: str = "cpu"
+    use_batch_invariant: bool = attrs.field(factory=batch_invariant_from_env)
+
+
+def register_backend(priority: dict[str, int]) -> Callable[[type], type]:
+    """Class decorator: register a backend with a priority per device type (higher wins)."""
+
+    def wrap(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+        _REGISTRY[cls.name] = (cls, dict(priority))
+        return cls
+
+    return wrap
+
+
+def registered_backends() -> dict[str, type[AttentionBackend]]:
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+    return {name: cls for name, (cls, _) in _REGISTRY.items()}
+
+
+def resolve_backend(name: str) -> type[AttentionBackend]:
+    """A registered name, or `module:Class` for a backend defined elsewhere."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+        if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
+            raise ValueError(f"{name} is not an AttentionBackend subclass")
+        return cls
+    backends = registered_backends()
+    if name not in backends:
+        raise ValueError(f"unknown attention backend {name!r}; valid names: {sorted(backends)}")
+    return backends[name]
+
+
+def backend_reasons(cls: type[AttentionBackend], cfg: SelectorConfig) -> list[str]:
+    reasons = list(cls.validate_configuration(cfg))
+    if cfg.use_batch_invariant and not cls.supports_batch_invariance():
+        reasons.append("does not support batch-invariant mode")
+    return reasons
+
+
+def select_backend(cfg: SelectorConfig, override: str | None = None) -> type[AttentionBackend]:
+    if override is not None:
+        cls = resolve_backend(override)
+        reasons = backend_reasons(cls, cfg)
+        if reasons:
+            raise ValueError(
+                f"attention backend {override!r} cannot serve {cfg}: " + "; ".join(reasons)
+            )
+        return cls
+    device_type = torch.device(cfg.device).type
+    candidates = []
+    report = []
+    for name, (cls, priorities) in _registry_snapshot().items():
+        if device_type not in priorities:
+            report.append(f"  {name}: not registered for device {device_type!r}")
+            continue
+        reasons = backend_reasons(cls, cfg)
+        if reasons:
+            report.append(f"  {name}: " + "; ".join(reasons))
+        else:
+            candidates.append((priorities[device_type], name, cls))
+    if not candidates:
+        raise ValueError(
+            f"no attention backend can serve {cfg}:\n"
+            + "\n".join(report)
+            + "\nChange the model dtype, head size or device, or register a backend."
+        )
+    return max(candidates, key=lambda c: c[0])[2]
+
+
+def _registry_snapshot() -> dict[str, tuple[type[AttentionBackend], dict[str, int]]]:
+    registered_backends()
+    return dict(_REGISTRY)
