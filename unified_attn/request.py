@@ -75,10 +75,13 @@ class Request:
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         if isinstance(token_ids, int):
-            token_ids = [token_ids]
-        self.output_token_ids.extend(token_ids)
-        self.all_token_ids.extend(token_ids)
-        self._update_block_hashes()
+            self.output_token_ids.append(token_ids)
+            self.all_token_ids.append(token_ids)
+        else:
+            self.output_token_ids.extend(token_ids)
+            self.all_token_ids.extend(token_ids)
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
 
     def _update_block_hashes(self) -> None:
         if self._block_hasher is not None:

@@ -38,7 +38,7 @@ def test_nothing_to_schedule_is_an_error():
     r = make_request(m, "R", range(4))
     with pytest.raises(ValueError, match="nothing to schedule"):
         m.allocate_slots(r, 0)
-    with pytest.raises(ValueError, match="num_new_tokens is -1"):
+    with pytest.raises(ValueError, match="num_new_tokens=-1"):
         m.allocate_slots(r, -1)
 
 

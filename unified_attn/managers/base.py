@@ -50,6 +50,8 @@ class SingleTypeKVCacheManager(ABC):
     hit_is_downward_closed: ClassVar[bool] = False
     # Zero newly allocated blocks before use (state is read before it is fully written).
     needs_zeroed_blocks: ClassVar[bool] = False
+    # Whether the policy frees blocks before the request ends (skips work for full attention).
+    frees_blocks_early: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -130,12 +132,12 @@ class SingleTypeKVCacheManager(ABC):
         apply_admission_cap: bool = False,
     ) -> int:
         """Free-pool blocks needed to hold `num_tokens`, counting revived free hit blocks."""
-        required = cdiv(num_tokens, self.block_size)
+        required = -(-num_tokens // self.block_size)
         if apply_admission_cap:
             required = min(required, self.max_blocks_per_request())
         req_blocks = self.req_to_blocks.get(request_id, ())
         if request_id in self.num_cached_block:
-            return max(required - len(req_blocks), 0)
+            return required - len(req_blocks) if required > len(req_blocks) else 0
         # Hit blocks cover their positions; a new request's skipped positions are all inside
         # its hit, so they need no allocation either.
         num_new = max(required - len(new_computed_blocks) - len(req_blocks), 0)
@@ -171,9 +173,11 @@ class SingleTypeKVCacheManager(ABC):
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         """Append fresh blocks so the table covers `num_tokens`; returns the new blocks."""
-        req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        self.num_cached_block.setdefault(request_id, len(req_blocks))
-        num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        req_blocks = self.req_to_blocks.get(request_id)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[request_id] = []
+            self.num_cached_block[request_id] = 0
+        num_new = -(-num_tokens // self.block_size) - len(req_blocks)
         if num_new <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new)
@@ -188,7 +192,7 @@ class SingleTypeKVCacheManager(ABC):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's blocks that became full with `num_tokens` computed tokens."""
         num_cached = self.num_cached_block.get(request.request_id)
-        if num_cached is None:
+        if num_cached is None or num_tokens // self.block_size <= num_cached:
             return
         hashes = self.block_hashes(request)
         num_tokens = num_tokens // self.cache_alignment * self.cache_alignment
@@ -203,12 +207,16 @@ class SingleTypeKVCacheManager(ABC):
 
     def num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         """Blocks `remove_skipped_blocks` would return to the free queue (for admission)."""
+        if not self.frees_blocks_early:
+            return 0
         blocks = self.req_to_blocks.get(request_id, [])
         positions = self._skipped_positions(blocks, num_computed_tokens)
         return sum(1 for i in positions if blocks[i].ref_cnt == 1)
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """Replace blocks no future token attends to by the null block and free them."""
+        if not self.frees_blocks_early:
+            return
         blocks = self.req_to_blocks.get(request_id, [])
         freed = []
         for i in self._skipped_positions(blocks, num_computed_tokens):
@@ -221,6 +229,8 @@ class SingleTypeKVCacheManager(ABC):
         """Positions to free, last first, stopping at the first null (freed by an earlier step)."""
         start = self.first_freeable_block()
         end = min(self.get_num_skipped_tokens(num_computed_tokens) // self.block_size, len(blocks))
+        if end <= start or blocks[end - 1].is_null:
+            return range(0)  # nothing new to free (the common decode case)
         i = end - 1
         while i >= start and not blocks[i].is_null:
             i -= 1

@@ -45,6 +45,7 @@ class KVCacheCoordinator:
         ]
         for manager in self.managers:
             manager.cache_alignment = self.alignment
+        self._freeing = [m for m in self.managers if m.frees_blocks_early]
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
@@ -64,20 +65,21 @@ class KVCacheCoordinator:
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
     ) -> int:
-        return sum(
-            m.get_num_blocks_to_allocate(
+        need = 0
+        for m, hits in zip(self.managers, new_computed_blocks, strict=True):
+            need += m.get_num_blocks_to_allocate(
                 request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap
             )
-            for m, hits in zip(self.managers, new_computed_blocks, strict=True)
-        )
+        return need
 
     def num_freeable_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
-        return sum(
-            m.num_freeable_skipped_blocks(request_id, num_computed_tokens) for m in self.managers
-        )
+        freeable = 0
+        for m in self._freeing:
+            freeable += m.num_freeable_skipped_blocks(request_id, num_computed_tokens)
+        return freeable
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        for m in self.managers:
+        for m in self._freeing:
             m.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def add_computed_blocks(
@@ -89,7 +91,7 @@ class KVCacheCoordinator:
             m.add_computed_blocks(request_id, hits, num_computed)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> GroupBlocks:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.managers)
+        return tuple([m.allocate_new_blocks(request_id, num_tokens) for m in self.managers])
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         for m in self.managers:

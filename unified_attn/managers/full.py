@@ -16,6 +16,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         pass
 
     hit_is_downward_closed = True
+    frees_blocks_early = False
 
     def max_blocks_per_request(self) -> int:
         return cdiv(self.max_model_len, self.block_size)

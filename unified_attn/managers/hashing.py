@@ -65,6 +65,8 @@ def request_block_hasher(block_size: int):
     def hash_new_full_blocks(request: Request) -> list[bytes]:
         tokens = request.all_token_ids
         start = len(request.block_hashes) * block_size
+        if len(tokens) < start + block_size:
+            return []  # no new full block (the common decode case)
         parent = request.block_hashes[-1] if request.block_hashes else None
         new_hashes: list[bytes] = []
         for begin in range(start, len(tokens) - block_size + 1, block_size):

@@ -52,6 +52,7 @@ class KVCacheManager:
         self.managers = self.coordinator.managers
         self.num_groups = len(self.managers)
         self.prefix_cache_stats = PrefixCacheStats()
+        # Returned whenever nothing is allocated (most decode steps); never mutated.
         self._empty = KVCacheBlocks(tuple([] for _ in range(self.num_groups)))
 
     # ---- queries -------------------------------------------------------------------------------
@@ -106,7 +107,16 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """Reserve slots for `num_new_tokens`; returns the newly allocated blocks per group,
         or None (with nothing changed) when the pool cannot hold them."""
-        self._check_counts(request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens)
+        total_computed = request.num_computed_tokens + num_new_computed_tokens
+        if (
+            num_new_tokens <= 0
+            or num_new_computed_tokens < 0
+            or num_lookahead_tokens < 0
+            or total_computed + num_new_tokens > self.max_model_len
+        ):
+            self._check_counts(
+                request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens
+            )
         rid = request.request_id
         hits = new_computed_blocks.blocks if new_computed_blocks is not None else self._empty.blocks
         if len(hits) != self.num_groups:
@@ -114,7 +124,6 @@ class KVCacheManager:
                 f"new_computed_blocks has {len(hits)} groups, expected {self.num_groups}"
             )
         coordinator = self.coordinator
-        total_computed = request.num_computed_tokens + num_new_computed_tokens
         num_free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
             whole = min(request.num_tokens, self.max_model_len)
@@ -124,32 +133,34 @@ class KVCacheManager:
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         # Free only on the settled basis: an in-flight step may still read the window.
         settled = max(0, total_computed - request.num_in_flight_tokens)
-        freeable = coordinator.num_freeable_skipped_blocks(rid, settled)
-        if coordinator.get_num_blocks_to_allocate(rid, num_tokens, hits, total_computed) > (
-            num_free + freeable
+        need = coordinator.get_num_blocks_to_allocate(rid, num_tokens, hits, total_computed)
+        if need > num_free and need > num_free + coordinator.num_freeable_skipped_blocks(
+            rid, settled
         ):
             return None
         # Admission succeeded; from here on state changes.
         coordinator.remove_skipped_blocks(rid, settled)
-        coordinator.add_computed_blocks(rid, hits, total_computed)
+        if new_computed_blocks is not None or num_new_computed_tokens:
+            coordinator.add_computed_blocks(rid, hits, total_computed)
         new_blocks = coordinator.allocate_new_blocks(rid, num_tokens)
         if self.enable_caching:
             # Never cache tokens that are not part of the request yet (drafts, lookahead).
             coordinator.cache_blocks(
                 request, min(total_computed + num_new_tokens, request.num_tokens)
             )
+        if not any(new_blocks):
+            return self._empty
         return KVCacheBlocks(new_blocks)
 
     def _check_counts(
         self, request: Request, num_new: int, num_new_computed: int, num_lookahead: int
     ) -> None:
-        for name, value in (
-            ("num_new_tokens", num_new),
-            ("num_new_computed_tokens", num_new_computed),
-            ("num_lookahead_tokens", num_lookahead),
-        ):
-            if value < 0:
-                raise ValueError(f"allocate_slots({request.request_id!r}): {name} is {value} < 0")
+        if num_new < 0 or num_new_computed < 0 or num_lookahead < 0:
+            raise ValueError(
+                f"allocate_slots({request.request_id!r}): token counts must be >= 0, got "
+                f"num_new_tokens={num_new}, num_new_computed_tokens={num_new_computed}, "
+                f"num_lookahead_tokens={num_lookahead}"
+            )
         if num_new == 0 and num_new_computed == 0:
             raise ValueError(
                 f"allocate_slots({request.request_id!r}): nothing to schedule "
