@@ -14,18 +14,24 @@ from unified_attn.managers import (
     StreamingSinkManager,
 )
 from unified_attn.request import Request, RequestStatus
+from unified_attn.runner.engine import EngineConfig, LLMEngine, RequestOutput
+from unified_attn.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BlockPool",
     "ChunkedLocalAttentionManager",
+    "EngineConfig",
     "FullAttentionManager",
     "KVCacheGroup",
     "KVCacheManager",
+    "LLMEngine",
     "MambaManager",
     "Request",
+    "RequestOutput",
     "RequestStatus",
+    "SamplingParams",
     "SchedulerKVCacheConfig",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",

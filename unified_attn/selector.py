@@ -80,30 +80,39 @@ def backend_reasons(cls: type[AttentionBackend], cfg: SelectorConfig) -> list[st
     return reasons
 
 
-def select_backend(cfg: SelectorConfig, override: str | None = None) -> type[AttentionBackend]:
+def select_backend(
+    cfg: SelectorConfig | list[SelectorConfig], override: str | None = None
+) -> type[AttentionBackend]:
+    """The backend for one attention kind, or one backend valid for every kind of a model."""
+    cfgs = cfg if isinstance(cfg, list) else [cfg]
+    if not cfgs:
+        raise ValueError("select_backend needs at least one SelectorConfig")
     if override is not None:
         cls = resolve_backend(override)
-        reasons = backend_reasons(cls, cfg)
+        reasons = [r for c in cfgs for r in backend_reasons(cls, c)]
         if reasons:
             raise ValueError(
-                f"attention backend {override!r} cannot serve {cfg}: " + "; ".join(reasons)
+                f"attention backend {override!r} cannot serve this model: "
+                + "; ".join(dict.fromkeys(reasons))
+                + f". Valid backends: {sorted(registered_backends())}"
             )
         return cls
-    device_type = torch.device(cfg.device).type
+    device_types = {torch.device(c.device).type for c in cfgs}
     candidates = []
     report = []
     for name, (cls, priorities) in _registry_snapshot().items():
-        if device_type not in priorities:
-            report.append(f"  {name}: not registered for device {device_type!r}")
+        missing = sorted(device_types - priorities.keys())
+        if missing:
+            report.append(f"  {name}: not registered for device {missing[0]!r}")
             continue
-        reasons = backend_reasons(cls, cfg)
+        reasons = list(dict.fromkeys(r for c in cfgs for r in backend_reasons(cls, c)))
         if reasons:
             report.append(f"  {name}: " + "; ".join(reasons))
         else:
-            candidates.append((priorities[device_type], name, cls))
+            candidates.append((min(priorities[d] for d in device_types), name, cls))
     if not candidates:
         raise ValueError(
-            f"no attention backend can serve {cfg}:\n"
+            f"no attention backend can serve {cfgs[0] if len(cfgs) == 1 else cfgs}:\n"
             + "\n".join(report)
             + "\nChange the model dtype, head size or device, or register a backend."
         )

@@ -44,30 +44,37 @@ class ReferenceAttentionBackend(AttentionBackend):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        self.common = common
-        qsl = common.query_start_loc_cpu.tolist()
-        self.query_ranges = list(itertools.pairwise(qsl))[: common.num_reqs]
-        self.seq_lens = common.seq_lens_cpu.tolist()[: common.num_reqs]
-        self.computed = common.num_computed_tokens_cpu.tolist()[: common.num_reqs]
+        num_reqs = common.num_reqs
+        qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
+        seq_lens = common.seq_lens_cpu.tolist()[:num_reqs]
+        self.query_ranges = list(itertools.pairwise(qsl))
+        self.computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
+        # Decode rows (one query token) are attended in one batch, the others one by one.
+        decode = [i for i, (a, b) in enumerate(self.query_ranges) if b - a == 1]
+        self.prefill_rows = [i for i in range(num_reqs) if i not in set(decode)]
         device = common.positions.device
+        self.decode_tokens = torch.tensor([qsl[i] for i in decode], dtype=torch.long, device=device)
+        self.decode_pos = torch.tensor([seq_lens[i] - 1 for i in decode], device=device)
+        max_len = max((seq_lens[i] for i in decode), default=0)
+        self.decode_valid = torch.arange(max_len, device=device) < self.decode_pos[:, None] + 1
         self.writes: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self.key_index: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.keys: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
         for gid in set(self.group_of_layer.values()):
-            block_size = self._block_size(gid)
+            bs = self._block_size(gid)
             slots = common.slot_mappings[gid][: common.num_actual_tokens].cpu()
             rows = torch.nonzero(slots >= 0).flatten()
             self.writes[gid] = (
                 rows.to(device),
-                (slots[rows] // block_size).to(device),
-                (slots[rows] % block_size).to(device),
+                (slots[rows] // bs).to(device),
+                (slots[rows] % bs).to(device),
             )
-            table = block_tables[gid].cpu()
-            keys = []
-            for i, seq_len in enumerate(self.seq_lens):
-                pos = torch.arange(seq_len)
-                blocks = table[i, pos // block_size].long()
-                keys.append((blocks.to(device), (pos % block_size).to(device)))
-            self.key_index[gid] = keys
+            table = block_tables[gid].cpu().long()
+            pos = torch.arange(max_len)
+            keys = {"decode": (table[decode][:, pos // bs].to(device), (pos % bs).to(device))}
+            for i in self.prefill_rows:
+                pos_i = torch.arange(seq_lens[i])
+                keys[i] = (table[i, pos_i // bs].to(device), (pos_i % bs).to(device))
+            self.keys[gid] = keys
 
     def _block_size(self, gid: int) -> int:
         for name, group in self.group_of_layer.items():
@@ -98,8 +105,22 @@ class ReferenceAttentionBackend(AttentionBackend):
         rows, blocks, offsets = self.writes[gid]
         cache[blocks, 0, offsets] = k[rows]
         cache[blocks, 1, offsets] = v[rows]
-        for i, (start, end) in enumerate(self.query_ranges):
-            key_blocks, key_offsets = self.key_index[gid][i]
+        keys = self.keys[gid]
+        if len(self.decode_tokens):
+            key_blocks, key_offsets = keys["decode"]  # [Bd, S], [S]
+            out[self.decode_tokens] = attend_batch(
+                layer,
+                q[self.decode_tokens][:, None],
+                cache[key_blocks, 0, key_offsets],
+                cache[key_blocks, 1, key_offsets],
+                self.decode_pos[:, None],
+                self.decode_valid,
+                sinks,
+                alibi,
+            )[:, 0]
+        for i in self.prefill_rows:
+            start, end = self.query_ranges[i]
+            key_blocks, key_offsets = keys[i]
             k_seq = cache[key_blocks, 0, key_offsets]  # [S, Hkv, D]
             v_seq = cache[key_blocks, 1, key_offsets]
             out[start:end] = attend(
@@ -111,17 +132,15 @@ class ReferenceAttentionBackend(AttentionBackend):
 def attention_mask(
     layer: LayerConfig, query_pos: torch.Tensor, key_pos: torch.Tensor
 ) -> torch.Tensor:
-    """`[L, S]` True where query i may attend to key j."""
-    diff = query_pos[:, None] - key_pos[None, :]
+    """`[..., L, S]` True where a query at `query_pos [..., L]` may attend to `key_pos [S]`."""
+    diff = query_pos[..., :, None] - key_pos
     allowed = diff >= 0 if layer.causal else torch.ones_like(diff, dtype=torch.bool)
     if layer.sliding_window is not None:  # a query sees itself plus W - 1 earlier keys
         allowed &= diff < layer.sliding_window
         if not layer.causal:
             allowed &= diff > -layer.sliding_window
     if layer.chunk_size is not None:
-        allowed &= (query_pos[:, None] // layer.chunk_size) == (
-            key_pos[None, :] // layer.chunk_size
-        )
+        allowed &= query_pos[..., :, None] // layer.chunk_size == key_pos // layer.chunk_size
     return allowed
 
 
@@ -135,22 +154,41 @@ def attend(
     alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of queries `[L, Hq, D]` at positions `first_query_pos + i` over keys/values
-    `[S, Hkv, D]` at positions `0..S-1`, in float32. Returns `[L, Hq, D]` in q's dtype."""
+    `[S, Hkv, D]` at positions `0..S-1`. Returns `[L, Hq, D]` in q's dtype."""
+    query_pos = torch.arange(q.shape[0], device=q.device) + first_query_pos
+    valid = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
+    return attend_batch(
+        layer, q[None], k[None], v[None], query_pos[None], valid, sinks, alibi_slopes
+    )[0]
+
+
+def attend_batch(
+    layer: LayerConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    query_pos: torch.Tensor,
+    key_valid: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Batched attention in float32: q `[B, L, Hq, D]` at `query_pos [B, L]`, k/v
+    `[B, S, Hkv, D]` at positions `0..S-1` where `key_valid [B, S]`. Returns `[B, L, Hq, D]`."""
     group = layer.num_heads // layer.num_kv_heads
-    qf = q.float()
-    kf = k.float().repeat_interleave(group, dim=1)
-    vf = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("lhd,shd->hls", qf, kf) * layer.scale  # [Hq, L, S]
+    kf = k.float().repeat_interleave(group, dim=2)
+    vf = v.float().repeat_interleave(group, dim=2)
+    scores = torch.einsum("blhd,bshd->bhls", q.float(), kf) * layer.scale
     if layer.logits_soft_cap is not None:
         scores = layer.logits_soft_cap * torch.tanh(scores / layer.logits_soft_cap)
-    query_pos = torch.arange(q.shape[0], device=q.device) + first_query_pos
-    key_pos = torch.arange(k.shape[0], device=q.device)
+    key_pos = torch.arange(k.shape[1], device=q.device)
     if alibi_slopes is not None:
-        scores = scores + alibi_slopes.float()[:, None, None] * (key_pos - query_pos[:, None])
-    scores = scores.masked_fill(~attention_mask(layer, query_pos, key_pos), float("-inf"))
+        distance = key_pos - query_pos[..., None]  # [B, L, S]
+        scores = scores + alibi_slopes.float()[None, :, None, None] * distance[:, None]
+    mask = attention_mask(layer, query_pos, key_pos) & key_valid[:, None, :]  # [B, L, S]
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
     if sinks is not None:  # a learned per-head logit that takes probability mass, no value
-        sink_col = sinks.float()[:, None, None].expand(-1, q.shape[0], 1)
+        sink_col = sinks.float()[None, :, None, None].expand(*scores.shape[:3], 1)
         probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
     else:
         probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hls,shd->lhd", probs, vf).to(q.dtype)
+    return torch.einsum("bhls,bshd->blhd", probs, vf).to(q.dtype)

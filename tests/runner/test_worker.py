@@ -1,0 +1,119 @@
+"""Worker planning: grouping by (manager_cls, config), splitting, sizing, binding."""
+
+import attrs
+import pytest
+import torch
+
+from unified_attn.backend import LayerConfig
+from unified_attn.backends.reference import ReferenceAttentionBackend
+from unified_attn.managers import FullAttentionManager, SlidingWindowManager
+from unified_attn.runner.worker import Worker, agree_on_num_blocks, plan_kv_cache
+
+
+class FakeModel:
+    def __init__(self, layers):
+        self.layers = layers
+
+    def attention_layers(self):
+        return iter(self.layers)
+
+
+def backend(window=None, heads=2, size=8):
+    return ReferenceAttentionBackend(
+        num_kv_heads=heads, head_size=size, dtype=torch.float16, sliding_window=window
+    )
+
+
+def layer(i, window=None, heads=2, size=8):
+    return LayerConfig(f"layers.{i}", 4, heads, size, scale=1.0, sliding_window=window)
+
+
+def test_equal_configs_share_a_group_even_across_backend_instances():
+    a, b = backend(), backend()
+    plan = plan_kv_cache([(layer(0), a), (layer(1), b)])
+    assert len(plan.groups) == 1 and len(plan.groups[0].layers) == 2
+
+
+def test_unequal_configs_get_separate_groups_and_alias_the_buffer():
+    full, swa = backend(), backend(window=8)
+    layers = [(layer(0), full), (layer(1, 8), swa), (layer(2), full), (layer(3, 8), swa)]
+    plan = plan_kv_cache(layers)
+    assert [g.manager_cls for g in plan.groups] == [FullAttentionManager, SlidingWindowManager]
+    page = 2 * 16 * 2 * 8 * 2
+    assert plan.bytes_per_block == 2 * page  # the max over groups, not the sum
+
+
+def test_large_buckets_split_into_balanced_groups_and_report_waste():
+    full, swa = backend(), backend(window=8)
+    layers = [(layer(i, 8), swa) for i in range(7)] + [(layer(7 + i), full) for i in range(3)]
+    plan = plan_kv_cache(layers)
+    assert [len(g.layers) for g in plan.groups] == [3, 2, 2, 3]
+    page = 2 * 16 * 2 * 8 * 2
+    assert plan.wasted_bytes_per_block() == [0, page, page, 0]
+
+
+class KeepAllManager(FullAttentionManager):
+    @attrs.frozen
+    class Config(FullAttentionManager.Config):
+        tag: str = "model-specific"
+
+
+class CustomBackend(ReferenceAttentionBackend):
+    def get_cache_config(self):
+        _, _, spec = super().get_cache_config()
+        return KeepAllManager, KeepAllManager.Config(), spec
+
+
+def test_a_custom_manager_gets_its_own_group_without_editing_any_table():
+    custom = CustomBackend(num_kv_heads=2, head_size=8, dtype=torch.float16)
+    plan = plan_kv_cache([(layer(0), backend()), (layer(1), custom)])
+    assert [g.manager_cls for g in plan.groups] == [FullAttentionManager, KeepAllManager]
+
+
+def test_sizing_allocation_and_binding():
+    full, swa = backend(), backend(window=8)
+    model = FakeModel([(layer(0), full), (layer(1, 8), swa)])
+    page = 2 * 16 * 2 * 8 * 2
+    worker = Worker(
+        model, device="cpu", max_model_len=64, max_in_flight_tokens=16, kv_cache_memory=page * 20
+    )
+    assert worker.determine_num_blocks() == 20
+    worker.allocate(20)
+    assert worker.kv_buffer.numel() == 20 * page
+    full_view, swa_view = full.kv_caches["layers.0"], swa.kv_caches["layers.1"]
+    assert full_view.shape == (20, 2, 16, 2, 8)
+    assert full_view.data_ptr() == swa_view.data_ptr()  # groups alias byte 0 of each block
+    assert full.group_of_layer == {"layers.0": 0} and swa.group_of_layer == {"layers.1": 1}
+    report = worker.report()
+    assert report.blocks_per_request == (4, 3)  # cdiv(64,16); cdiv(min(7+16,64),16)+1
+    assert report.max_concurrency == pytest.approx(20 / 7)
+
+
+def test_budget_too_small_names_needed_available_and_the_largest_fitting_len():
+    model = FakeModel([(layer(0), backend())])
+    page = 2 * 16 * 2 * 8 * 2
+    worker = Worker(
+        model, device="cpu", max_model_len=1024, max_in_flight_tokens=64, kv_cache_memory=page * 10
+    )
+    with pytest.raises(ValueError, match=r"largest max_model_len that fits is 144"):
+        worker.determine_num_blocks()
+
+
+def test_engine_agrees_on_the_minimum_block_count():
+    page = 2 * 16 * 2 * 8 * 2
+    workers = [
+        Worker(
+            FakeModel([(layer(0), backend())]),
+            device="cpu",
+            max_model_len=64,
+            max_in_flight_tokens=16,
+            kv_cache_memory=page * n,
+        )
+        for n in (30, 12, 50)
+    ]
+    assert agree_on_num_blocks(workers) == 12
+
+
+def test_block_size_must_be_positive():
+    with pytest.raises(ValueError, match="block_size must be positive"):
+        plan_kv_cache([(layer(0), backend())], block_size=0)

@@ -1,0 +1,82 @@
+import pytest
+import torch
+
+from unified_attn.backend import AttentionBackend, AttentionType
+from unified_attn.backends.reference import ReferenceAttentionBackend
+from unified_attn.selector import (
+    SelectorConfig,
+    register_backend,
+    registered_backends,
+    resolve_backend,
+    select_backend,
+)
+
+
+class _Picky(AttentionBackend):
+    name = "test-picky"
+
+    @classmethod
+    def validate_configuration(cls, cfg):
+        return [] if cfg.head_size == 64 else [f"head size {cfg.head_size} is not 64"]
+
+    def prep_forward(self, common, block_tables, for_cudagraph_capture=False):
+        pass
+
+    def forward(self, layer, output, query, key, value, **kwargs):
+        return output
+
+
+@pytest.fixture
+def picky():
+    register_backend(priority={"cpu": 1000})(_Picky)
+    yield _Picky
+    from unified_attn import selector
+
+    selector._REGISTRY.pop("test-picky")
+
+
+def test_reference_is_the_cpu_default():
+    assert (
+        select_backend(SelectorConfig(head_size=64, dtype="float32")) is ReferenceAttentionBackend
+    )
+
+
+def test_highest_priority_valid_backend_wins(picky):
+    assert select_backend(SelectorConfig(head_size=64, dtype="float32")) is picky
+    assert (
+        select_backend(SelectorConfig(head_size=32, dtype="float32")) is ReferenceAttentionBackend
+    )
+
+
+def test_override_is_validated_without_fallback(picky):
+    with pytest.raises(ValueError, match="head size 32 is not 64"):
+        select_backend(SelectorConfig(head_size=32, dtype="float32"), override="test-picky")
+
+
+def test_unknown_backend_lists_the_valid_names():
+    with pytest.raises(ValueError, match=r"unknown attention backend 'nope'.*'reference'"):
+        resolve_backend("nope")
+
+
+def test_module_path_override():
+    cls = resolve_backend("unified_attn.backends.reference:ReferenceAttentionBackend")
+    assert cls is ReferenceAttentionBackend
+
+
+def test_no_valid_backend_lists_every_backend_with_reasons(picky):
+    cfg = SelectorConfig(head_size=32, dtype="float32", attn_type=AttentionType.ENCODER_DECODER)
+    with pytest.raises(ValueError) as err:
+        select_backend(cfg)
+    assert "reference: cross-attention" in str(err.value)
+    assert "test-picky: head size 32 is not 64" in str(err.value)
+
+
+def test_batch_invariant_mode_from_the_environment(monkeypatch, picky):
+    monkeypatch.setenv("UNIFIED_ATTN_BATCH_INVARIANT", "1")
+    cfg = SelectorConfig(head_size=64, dtype=torch.float32)
+    assert cfg.use_batch_invariant
+    assert select_backend(cfg) is ReferenceAttentionBackend  # picky is not batch invariant
+
+
+def test_registry_has_the_builtin_backends():
+    assert "reference" in registered_backends()

@@ -1,0 +1,20 @@
+"""Llama-family decoders whose layers attend through shared backend instances."""
+
+from unified_attn.models.config import LayerKind, ModelConfig, RopeScaling
+from unified_attn.models.decoder import DecoderModel
+from unified_attn.models.hf import load_hf_model
+from unified_attn.models.presets import PRESETS, get_preset
+from unified_attn.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+__all__ = [
+    "PRESETS",
+    "ByteTokenizer",
+    "DecoderModel",
+    "HFTokenizer",
+    "LayerKind",
+    "ModelConfig",
+    "RopeScaling",
+    "Tokenizer",
+    "get_preset",
+    "load_hf_model",
+]

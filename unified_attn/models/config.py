@@ -1,0 +1,149 @@
+"""Model configuration: shapes, RoPE, and the attention kind of every layer."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+LayerKindName = Literal["full", "sliding", "chunked"]
+RopeType = Literal["llama3", "linear"]
+
+
+def _positive(_instance: object, attribute: attrs.Attribute, value: Any) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+@attrs.frozen
+class LayerKind:
+    """How one decoder layer attends.
+
+    `full`: every earlier token. `sliding`: a query at position p sees keys `[p - window + 1, p]`.
+    `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. Later per-layer features (soft
+    cap, learned sinks, state layers) are new optional fields here, defaulting to "off".
+    """
+
+    kind: LayerKindName = "full"
+    window: int | None = attrs.field(default=None, validator=_positive)
+    chunk: int | None = attrs.field(default=None, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        needs = {"full": (False, False), "sliding": (True, False), "chunked": (False, True)}
+        if self.kind not in needs:
+            raise ValueError(f"LayerKind.kind must be one of {sorted(needs)}, got {self.kind!r}")
+        if needs[self.kind] != (self.window is not None, self.chunk is not None):
+            raise ValueError(
+                f"LayerKind({self.kind!r}) got window={self.window}, chunk={self.chunk}: "
+                "'sliding' needs exactly a window, 'chunked' exactly a chunk, 'full' neither"
+            )
+
+    @classmethod
+    def full(cls) -> LayerKind:
+        return cls("full")
+
+    @classmethod
+    def sliding(cls, window: int) -> LayerKind:
+        return cls("sliding", window=window)
+
+    @classmethod
+    def chunked(cls, chunk: int) -> LayerKind:
+        return cls("chunked", chunk=chunk)
+
+    @property
+    def backend_kwargs(self) -> dict[str, int | None]:
+        """The static backend parameters; layers with equal kwargs share one backend instance."""
+        return {"sliding_window": self.window, "attention_chunk_size": self.chunk}
+
+
+@attrs.frozen(kw_only=True)
+class RopeScaling:
+    """RoPE frequency scaling. `llama3`: Llama 3.1 smooth scaling; `linear`: divide by factor."""
+
+    rope_type: RopeType = "llama3"
+    factor: float = attrs.field(validator=_positive)
+    low_freq_factor: float = attrs.field(default=1.0, validator=_positive)
+    high_freq_factor: float = attrs.field(default=4.0, validator=_positive)
+    original_max_position_embeddings: int = attrs.field(default=8192, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.rope_type not in ("llama3", "linear"):
+            raise ValueError(
+                f"RopeScaling.rope_type must be 'llama3' or 'linear', got {self.rope_type!r}"
+            )
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"llama3 RoPE scaling needs high_freq_factor > low_freq_factor, got "
+                f"{self.high_freq_factor} <= {self.low_freq_factor}"
+            )
+
+
+def _as_layer_kinds(value: Any) -> tuple[LayerKind, ...]:
+    return tuple(value)
+
+
+def _as_eos(value: Any) -> int | tuple[int, ...] | None:
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """A Llama-family decoder. `layer_kinds` defaults to all full attention."""
+
+    vocab_size: int = attrs.field(validator=_positive)
+    hidden_size: int = attrs.field(validator=_positive)
+    intermediate_size: int = attrs.field(validator=_positive)
+    num_layers: int = attrs.field(validator=_positive)
+    num_heads: int = attrs.field(validator=_positive)
+    num_kv_heads: int = attrs.field(validator=_positive)
+    head_size: int = attrs.field(validator=_positive)
+    rms_norm_eps: float = attrs.field(default=1e-5, validator=_positive)
+    rope_theta: float = attrs.field(default=10000.0, validator=_positive)
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = attrs.field(default=2048, validator=_positive)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projections (Qwen2, Llama attention_bias)
+    attention_output_bias: bool = False  # o_proj (Llama attention_bias)
+    mlp_bias: bool = False
+    layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_as_layer_kinds)
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = attrs.field(default=None, converter=_as_eos)
+    name: str = "custom"
+
+    @head_size.default
+    def _default_head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @layer_kinds.default
+    def _default_layer_kinds(self) -> tuple[LayerKind, ...]:
+        return (LayerKind(),) * self.num_layers
+
+    def __attrs_post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model {self.name}: num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.head_size % 2:
+            raise ValueError(
+                f"model {self.name}: RoPE needs an even head_size, got {self.head_size}"
+            )
+        if len(self.layer_kinds) != self.num_layers:
+            raise ValueError(
+                f"model {self.name}: {len(self.layer_kinds)} layer_kinds for num_layers="
+                f"{self.num_layers}; give one LayerKind per layer"
+            )
+        for token in (self.bos_token_id, *self.eos_token_ids):
+            if token is not None and not 0 <= token < self.vocab_size:
+                raise ValueError(
+                    f"model {self.name}: special token id {token} is outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return self.eos_token_id

@@ -1,0 +1,66 @@
+"""Tokenizers with one small API: `encode(text) -> ids`, `decode(ids) -> text`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from unified_attn.models.presets import BYTE_BOS_ID, BYTE_EOS_ID
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """ids 0..255 are UTF-8 bytes; ids from 256 on are specials (bos, eos) and decode to ''."""
+
+    def __init__(self, bos_token_id: int = BYTE_BOS_ID, eos_token_id: int = BYTE_EOS_ID) -> None:
+        if min(bos_token_id, eos_token_id) < 256:
+            raise ValueError(
+                f"ByteTokenizer: special ids must be >= 256 (0..255 are bytes), got "
+                f"bos={bos_token_id}, eos={eos_token_id}"
+            )
+        self.bos_token_id: int | None = bos_token_id
+        self.eos_token_ids = (eos_token_id,)
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.bos_token_id, *ids] if add_bos and self.bos_token_id is not None else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """`transformers.AutoTokenizer` behind the same API (special tokens skipped on decode)."""
+
+    def __init__(self, path: str | Path) -> None:
+        from transformers import AutoTokenizer  # optional dependency: pip install .[hf]
+
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(str(path))
+        self.bos_token_id = self.tokenizer.bos_token_id
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = () if eos is None else (eos,)
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        return [self.bos_token_id, *ids] if add_bos and self.bos_token_id is not None else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def load_tokenizer(path: str | Path) -> HFTokenizer | None:
+    """The checkpoint's own tokenizer, or None if it ships no tokenizer files."""
+    if not any((Path(path) / name).exists() for name in TOKENIZER_FILES):
+        return None
+    return HFTokenizer(path)

@@ -1,0 +1,242 @@
+"""`LLMEngine`: model + worker + KV-cache manager + scheduler + runner behind `generate`."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from unified_attn.managers import KVCacheManager
+from unified_attn.request import Request, RequestStatus
+from unified_attn.runner.model_runner import ModelRunner
+from unified_attn.runner.model_source import load_model
+from unified_attn.runner.scheduler import Scheduler
+from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
+from unified_attn.sampling_params import SamplingParams
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
+          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30}  # fmt: skip
+
+
+def parse_memory(value: int | str) -> int:
+    """Bytes from an int or a string such as `256MiB`, `1.5GiB`, `512m`."""
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", value)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot parse memory size {value!r}; use e.g. 256MiB, 2GiB or bytes")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@attrs.frozen
+class EngineConfig:
+    model: str = "tiny-llama"
+    device: str = "cpu"
+    backend: str | None = None
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
+    block_size: int | None = None
+    kv_cache_memory: int | str | None = "64MiB"  # None on CUDA: a fraction of free memory
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    batch_invariant: bool = False
+    seed: int = 0
+
+
+@attrs.define
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_reason: str | None
+    text: str | None = None
+    num_preemptions: int = 0
+
+
+@attrs.define
+class EngineStats:
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    generated_tokens: int = 0
+    step_time_s: float = 0.0
+
+    @property
+    def mean_step_ms(self) -> float:
+        return 1e3 * self.step_time_s / self.steps if self.steps else 0.0
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class LLMEngine:
+    def __init__(self, model: str = "tiny-llama", **kwargs: Any) -> None:
+        self.config = config = EngineConfig(model=model, **kwargs)
+        self.device = torch.device(config.device)
+        source = load_model(config)
+        self.model, self.tokenizer, self.backend_cls = (
+            source.model,
+            source.tokenizer,
+            source.backend_cls,
+        )
+        self.vocab_size = source.vocab_size
+        self.max_model_len = source.max_model_len
+        memory = None if config.kv_cache_memory is None else parse_memory(config.kv_cache_memory)
+        max_in_flight = min(config.max_num_batched_tokens, self.max_model_len)
+        self.worker = Worker(
+            self.model,
+            device=self.device,
+            max_model_len=self.max_model_len,
+            max_in_flight_tokens=max_in_flight,
+            block_size=config.block_size,
+            kv_cache_memory=memory,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+        )
+        num_blocks = agree_on_num_blocks([self.worker])
+        self.worker.allocate(num_blocks)
+        self.kv_cache_manager = KVCacheManager(
+            self.worker.plan.scheduler_config(num_blocks),
+            self.max_model_len,
+            max_in_flight_tokens=max_in_flight,
+            enable_caching=config.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(
+            self.kv_cache_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            eos_token_ids=source.eos_token_ids,
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.worker.plan,
+            device=self.device,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+            seed=config.seed,
+        )
+        self.stats = EngineStats()
+        self._next_id = 0
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    @property
+    def kv_cache_report(self) -> KVCacheReport:
+        return self.worker.report()
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass token ids instead of text")
+            return list(self.tokenizer.encode(prompt))
+        return [int(t) for t in prompt]
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        """Validate and queue a request; returns its id. Bad input raises before any state
+        changes, so the engine stays usable."""
+        token_ids = self.encode(prompt)
+        if request_id is None:
+            request_id = f"req-{self._next_id}"
+            self._next_id += 1
+        self._check_prompt(request_id, token_ids)
+        request = Request(
+            request_id,
+            token_ids,
+            block_hasher=self.kv_cache_manager.make_block_hasher(),
+            cache_salt=cache_salt,
+            sampling_params=params or SamplingParams(),
+        )
+        self.scheduler.add_request(request)
+        return request_id
+
+    def _check_prompt(self, request_id: str, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError(f"request {request_id}: the prompt is empty; give at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"request {request_id}: the prompt has {len(token_ids)} tokens but "
+                f"max_model_len={self.max_model_len} leaves no room to generate; shorten the "
+                "prompt or raise max_model_len"
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {request_id}: token id {bad[0]} is outside the vocabulary "
+                f"[0, {self.vocab_size})"
+            )
+
+    def abort_request(self, request_id: str) -> None:
+        self.scheduler.abort_request(request_id)
+
+    # ---- running -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        output = self.scheduler.schedule()
+        sampled = self.runner.execute(output)
+        finished = self.scheduler.update_from_output(output, sampled)
+        stats = self.stats
+        stats.steps += 1
+        stats.step_time_s += time.perf_counter() - start
+        for entry in output.scheduled:
+            if entry.num_computed_before + entry.num_new_tokens > entry.request.num_prompt_tokens:
+                stats.decode_tokens += entry.num_new_tokens
+            else:
+                stats.prefill_tokens += entry.num_new_tokens
+        stats.generated_tokens += len(sampled)
+        return [self._output(r) for r in finished]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def generate(
+        self,
+        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts (text or token ids) to completion; outputs in input order."""
+        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
+        all_params = params if isinstance(params, Sequence) else [params] * len(batch)
+        if len(all_params) != len(batch):
+            raise ValueError(f"{len(all_params)} SamplingParams for {len(batch)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(batch, all_params, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids) and self.has_unfinished_requests():
+            for out in self.step():
+                done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    def _output(self, request: Request) -> RequestOutput:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(request.output_token_ids)
+        return RequestOutput(
+            request.request_id,
+            request.prompt_token_ids,
+            request.output_token_ids,
+            _FINISH_REASONS.get(request.status),
+            text,
+            request.num_preemptions,
+        )
+
+
+def _is_single_prompt(prompts: Any) -> bool:
+    return isinstance(prompts, str) or (
+        isinstance(prompts, Sequence) and bool(prompts) and isinstance(prompts[0], int)
+    )

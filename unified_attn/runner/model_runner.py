@@ -1,0 +1,156 @@
+"""The model runner: per-step inputs, block tables, one `CommonAttentionMetadata`, the flat
+`prep_forward` loop, the model forward and sampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from unified_attn.backend import AttentionBackend, CommonAttentionMetadata
+from unified_attn.runner.sampler import Sampler
+from unified_attn.runner.scheduler import SchedulerOutput
+from unified_attn.runner.worker import KVCachePlan
+
+
+class BlockTables:
+    """Persistent per-group block tables `[max_num_seqs, width]` int32, one row per request.
+
+    Rows are assigned when a request (re)starts and updated incrementally: only new block ids
+    are written. Freed positions keep stale ids; kernels never read outside the window.
+    """
+
+    def __init__(self, block_sizes: list[int], max_num_seqs: int, max_model_len: int) -> None:
+        self.block_sizes = block_sizes
+        self.tables = [
+            torch.zeros(max_num_seqs, -(-max_model_len // bs) + 1, dtype=torch.int32)
+            for bs in block_sizes
+        ]
+        self.lengths = [[0] * max_num_seqs for _ in block_sizes]
+        self.rows: dict[str, int] = {}
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+
+    def drop(self, request_id: str) -> None:
+        row = self.rows.pop(request_id, None)
+        if row is not None:
+            self.free_rows.append(row)
+
+    def update(self, request_id: str, block_ids: tuple[list[int], ...], is_new: bool) -> int:
+        if is_new:
+            self.drop(request_id)
+            row = self.rows[request_id] = self.free_rows.pop()
+            for lengths in self.lengths:
+                lengths[row] = 0
+        row = self.rows[request_id]
+        for gid, ids in enumerate(block_ids):
+            if ids:
+                start = self.lengths[gid][row]
+                self.tables[gid][row, start : start + len(ids)] = torch.tensor(
+                    ids, dtype=torch.int32
+                )
+                self.lengths[gid][row] = start + len(ids)
+        return row
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Any,
+        plan: KVCachePlan,
+        *,
+        device: torch.device | str,
+        max_num_seqs: int,
+        max_model_len: int,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.block_sizes = [g.block_size for g in plan.groups]
+        self.block_tables = BlockTables(self.block_sizes, max_num_seqs, max_model_len)
+        self.backend_groups = backend_group_ids(plan)
+        self.sampler = Sampler(self.device, seed)
+
+    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+        """Run one step; returns the sampled token of every request that reached its end."""
+        for request_id in output.finished_ids:
+            self.block_tables.drop(request_id)
+            self.sampler.drop(request_id)
+        if not output.scheduled:
+            return {}
+        common, tables, input_ids, sample_idx = self.prepare_inputs(output)
+        for backend, gids in self.backend_groups:
+            backend.prep_forward(common, {gid: tables[gid] for gid in gids})
+        with torch.inference_mode():
+            hidden = self.model(input_ids, common.positions)
+            if not sample_idx:
+                return {}
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_idx, device=self.device)])
+        sampled = [s for s in output.scheduled if s.will_sample]
+        ids = [s.request.request_id for s in sampled]
+        tokens = self.sampler.sample(logits, ids, [s.request.sampling_params for s in sampled])
+        return dict(zip(ids, tokens, strict=True))
+
+    def prepare_inputs(self, output: SchedulerOutput):
+        """Host-side batch layout: token ids, positions, the metadata and block tables."""
+        rows, input_ids, positions, query_start, seq_lens, computed, sample_idx = (
+            [],
+            [],
+            [],
+            [0],
+            [],
+            [],
+            [],
+        )
+        for entry in output.scheduled:
+            request = entry.request
+            rows.append(self.block_tables.update(request.request_id, entry.block_ids, entry.is_new))
+            start, end = entry.num_computed_before, entry.num_computed_before + entry.num_new_tokens
+            input_ids.extend(request.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            query_start.append(query_start[-1] + entry.num_new_tokens)
+            seq_lens.append(end)
+            computed.append(start)
+            if entry.will_sample:
+                sample_idx.append(query_start[-1] - 1)
+        dev = self.device
+        positions_t = torch.tensor(positions, dtype=torch.int64)
+        row_t = torch.tensor(rows, dtype=torch.int64)
+        query_lens = torch.tensor([e.num_new_tokens for e in output.scheduled], dtype=torch.int64)
+        token_rows = torch.repeat_interleave(row_t, query_lens)
+        tables, slot_mappings = {}, {}
+        for gid, bs in enumerate(self.block_sizes):
+            table = self.block_tables.tables[gid]
+            block_ids = table[token_rows, positions_t // bs].to(torch.int64)
+            slot_mappings[gid] = (block_ids * bs + positions_t % bs).to(dev)
+            tables[gid] = table[row_t].to(dev)
+        qsl = torch.tensor(query_start, dtype=torch.int32)
+        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+        common = CommonAttentionMetadata(
+            query_start_loc=qsl.to(dev),
+            query_start_loc_cpu=qsl,
+            seq_lens=seq_lens_t.to(dev),
+            seq_lens_cpu=seq_lens_t,
+            num_computed_tokens_cpu=torch.tensor(computed, dtype=torch.int32),
+            positions=positions_t.to(dev),
+            num_reqs=len(rows),
+            num_actual_tokens=len(positions),
+            max_query_len=int(query_lens.max()),
+            max_seq_len=max(seq_lens),
+            slot_mappings=slot_mappings,
+        )
+        return common, tables, torch.tensor(input_ids, dtype=torch.int64, device=dev), sample_idx
+
+
+def backend_group_ids(plan: KVCachePlan) -> list[tuple[AttentionBackend, list[int]]]:
+    """Distinct backend instances (first-seen order) and the KV-cache groups they serve."""
+    out: list[tuple[AttentionBackend, list[int]]] = []
+    for gid, group in enumerate(plan.groups):
+        for lp in group.layers:
+            for backend, gids in out:
+                if backend is lp.backend:
+                    if gid not in gids:
+                        gids.append(gid)
+                    break
+            else:
+                out.append((lp.backend, [gid]))
+    return out

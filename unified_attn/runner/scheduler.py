@@ -1,0 +1,191 @@
+"""Continuous batching: FCFS, chunked prefill, prefix caching, preemption by recompute.
+
+Each step first continues running requests (oldest first), preempting the most recently added
+running request when the KV pool is full, then admits waiting requests while the token budget,
+the sequence budget and the pool allow. A preempted request frees its blocks (its hashed blocks
+stay cached), restarts from zero computed tokens and goes to the front of the waiting queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+from unified_attn.managers import KVCacheManager
+from unified_attn.request import Request, RequestStatus
+from unified_attn.sampling_params import SamplingParams
+
+
+@attrs.define
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    num_computed_before: int  # tokens in the cache before this step
+    # Full block tables for requests (re)starting this step, else only the new block ids.
+    block_ids: tuple[list[int], ...]
+    is_new: bool
+
+    @property
+    def will_sample(self) -> bool:
+        """True when this step reaches the end of the request's known tokens."""
+        return self.num_computed_before + self.num_new_tokens == self.request.num_tokens
+
+
+@attrs.define
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]
+    finished_ids: list[str]  # requests whose state the runner may drop (finished or aborted)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
+        if max_num_seqs <= 0 or max_num_batched_tokens <= 0:
+            raise ValueError(
+                f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
+                f"({max_num_batched_tokens}) must be positive"
+            )
+        self.kv = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._dropped: list[str] = []
+        self.num_preemptions = 0
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        self.kv.new_step_starts()
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            new_blocks = self.kv.allocate_slots(request, num_new)
+            while new_blocks is None:
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+                new_blocks = self.kv.allocate_slots(request, num_new)
+            if new_blocks is None:
+                break
+            scheduled.append(self._commit(request, num_new, new_blocks.get_block_ids(), False))
+            budget -= num_new
+            i += 1
+        if not preempted:
+            budget = self._admit_waiting(scheduled, budget)
+        dropped, self._dropped = self._dropped, []
+        return SchedulerOutput(scheduled, preempted, dropped)
+
+    def _admit_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit, budget)
+            if self.kv.allocate_slots(request, num_new, num_hit, hits) is None:
+                break  # the pool is full: wait for running requests to finish
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            block_ids = self.kv.get_block_ids(request)
+            scheduled.append(self._commit(request, num_new, block_ids, True))
+            budget -= num_new
+        return budget
+
+    def _commit(
+        self, request: Request, num_new: int, block_ids: tuple[list[int], ...], is_new: bool
+    ) -> ScheduledRequest:
+        entry = ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids, is_new)
+        request.num_computed_tokens += num_new
+        return entry
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self._dropped.append(request.request_id)
+
+    # ---- after the step ------------------------------------------------------------------------
+
+    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Append sampled tokens, apply stop conditions; returns requests finished this step."""
+        finished = []
+        for entry in output.scheduled:
+            request = entry.request
+            if not entry.will_sample or request.status != RequestStatus.RUNNING:
+                continue
+            request.append_output_token_ids(sampled[request.request_id])
+            status = self._stop_status(request)
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+                finished.append(request)
+        return finished
+
+    def _stop_status(self, request: Request) -> RequestStatus | None:
+        params: SamplingParams = request.sampling_params
+        token = request.output_token_ids[-1]
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if (
+            request.num_output_tokens >= params.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._dropped.append(request.request_id)

@@ -1,0 +1,291 @@
+"""The worker plans, sizes, allocates and binds the KV cache of one model replica.
+
+Planning groups layers by `(manager_cls, config)` equality (a plain dict: configs are frozen and
+hashable), splits large buckets so every group has about the same bytes per block, and sizes one
+flat byte buffer shared by all groups: a block id belongs to one group at a time, so groups alias
+the same bytes and `bytes_per_block` is the max over groups, not the sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import torch
+
+from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.managers import KVCacheGroup, KVCacheManager, SchedulerKVCacheConfig
+from unified_attn.tensor_specs import KVCacheTensorSpec
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+@attrs.frozen
+class LayerPlan:
+    layer: LayerConfig
+    backend: AttentionBackend = attrs.field(eq=False)
+    spec: KVCacheTensorSpec
+
+
+@attrs.frozen
+class GroupPlan:
+    manager_cls: type
+    config: Any
+    layers: tuple[LayerPlan, ...]
+    block_size: int
+
+    def page_bytes(self) -> int:
+        """Bytes one block id takes in this group (all its layers)."""
+        return sum(lp.spec.page_size_bytes(self.block_size) for lp in self.layers)
+
+
+@attrs.frozen
+class KVCachePlan:
+    block_size: int
+    groups: tuple[GroupPlan, ...]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return max((g.page_bytes() for g in self.groups), default=0)
+
+    def wasted_bytes_per_block(self) -> list[int]:
+        """Per group: bytes of a block that the group holds but never uses."""
+        return [self.bytes_per_block - g.page_bytes() for g in self.groups]
+
+    def scheduler_config(self, num_blocks: int) -> SchedulerKVCacheConfig:
+        groups = [KVCacheGroup(g.manager_cls, g.config) for g in self.groups]
+        return SchedulerKVCacheConfig(num_blocks, self.block_size, groups)
+
+    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> list[int]:
+        """Worst-case blocks one request of `max_model_len` tokens holds, per group."""
+        if not self.groups:
+            return []
+        manager = KVCacheManager(
+            self.scheduler_config(2), max_model_len, max_in_flight_tokens, enable_caching=False
+        )
+        return manager.max_blocks_per_request()
+
+
+def plan_kv_cache(
+    layers: Iterable[tuple[LayerConfig, AttentionBackend]], block_size: int | None = None
+) -> KVCachePlan:
+    """Group layers by `(manager_cls, config)`, split large buckets, choose the block size."""
+    buckets: dict[tuple[type, Any], list[LayerPlan]] = {}
+    backends: list[AttentionBackend] = []
+    for layer, backend in layers:
+        if layer.attn_type == AttentionType.ENCODER_ONLY:
+            continue  # no KV cache
+        backend.check_layer(layer)
+        manager_cls, config, spec = backend.get_cache_config()
+        buckets.setdefault((manager_cls, config), []).append(LayerPlan(layer, backend, spec))
+        if all(backend is not b for b in backends):
+            backends.append(backend)
+    size = choose_block_size(backends, block_size)
+    groups = [
+        GroupPlan(manager_cls, config, tuple(part), size)
+        for (manager_cls, config), bucket in buckets.items()
+        for part in split_balanced(bucket, target_group_size(buckets))
+    ]
+    return KVCachePlan(size, tuple(groups))
+
+
+def target_group_size(buckets: dict[Any, list[LayerPlan]]) -> int:
+    """Layers per group: the smallest bucket, so larger buckets split into about equal parts."""
+    return min((len(b) for b in buckets.values()), default=1)
+
+
+def split_balanced(bucket: list[LayerPlan], target: int) -> list[list[LayerPlan]]:
+    """Split into `cdiv(len, target)` parts whose sizes differ by at most one."""
+    num_parts = -(-len(bucket) // target)
+    base, extra = divmod(len(bucket), num_parts)
+    parts, start = [], 0
+    for i in range(num_parts):
+        end = start + base + (1 if i < extra else 0)
+        parts.append(bucket[start:end])
+        start = end
+    return parts
+
+
+def choose_block_size(backends: list[AttentionBackend], requested: int | None) -> int:
+    """The requested size (checked), else 16 when every backend takes it, else the largest
+    size all backends take. K/V pages interleave K and V, so a manager block cannot be split
+    into smaller kernel blocks: every backend must accept the manager block size itself."""
+    accepted = [b.supported_kernel_block_sizes() for b in backends]
+    limits = [set(a) for a in accepted if a is not None]
+    if requested is not None:
+        if requested <= 0:
+            raise ValueError(f"block_size must be positive, got {requested}")
+        for backend, sizes in zip(backends, accepted, strict=True):
+            if sizes is not None and requested not in sizes:
+                raise ValueError(
+                    f"block_size={requested} is not supported by backend {backend.name!r}; "
+                    f"it accepts {sorted(sizes)}"
+                )
+        return requested
+    common = set.intersection(*limits) if limits else None
+    if common is None or DEFAULT_BLOCK_SIZE in common:
+        return DEFAULT_BLOCK_SIZE
+    if not common:
+        raise ValueError(
+            "no block size is accepted by every backend: "
+            + ", ".join(
+                f"{b.name}: {sorted(a or [])}" for b, a in zip(backends, accepted, strict=True)
+            )
+        )
+    return max(common)
+
+
+@attrs.frozen
+class KVCacheReport:
+    """What the worker allocated: printed at startup and returned by the engine."""
+
+    block_size: int
+    groups: tuple[dict, ...]
+    bytes_per_block: int
+    num_blocks: int
+    max_model_len: int
+    blocks_per_request: tuple[int, ...]
+
+    @property
+    def max_concurrency(self) -> float:
+        per_request = sum(self.blocks_per_request)
+        return self.num_blocks / per_request if per_request else float("inf")
+
+    @property
+    def capacity_tokens(self) -> int:
+        if not self.blocks_per_request:
+            return 0
+        return int(self.max_concurrency * self.max_model_len)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block
+
+    def as_dict(self) -> dict:
+        return {
+            "block_size": self.block_size,
+            "groups": list(self.groups),
+            "bytes_per_block": self.bytes_per_block,
+            "num_blocks": self.num_blocks,
+            "total_bytes": self.total_bytes,
+            "capacity_tokens": self.capacity_tokens,
+            "max_concurrency": self.max_concurrency,
+            "max_model_len": self.max_model_len,
+        }
+
+
+class Worker:
+    """Owns one model replica's KV cache: plan, size, allocate, bind."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: torch.device | str,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        block_size: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.max_model_len = max_model_len
+        self.max_in_flight_tokens = max_in_flight_tokens
+        self.kv_cache_memory = kv_cache_memory
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.plan = plan_kv_cache(model.attention_layers(), block_size)
+        self.blocks_per_request = self.plan.blocks_per_request(max_model_len, max_in_flight_tokens)
+        self.kv_buffer: torch.Tensor | None = None
+        self.num_blocks = 0
+
+    def available_memory(self) -> int:
+        if self.kv_cache_memory is not None:
+            return self.kv_cache_memory
+        if self.device.type != "cuda":
+            raise ValueError(
+                f"kv_cache_memory is required on device {self.device.type!r} (e.g. 256MiB); "
+                "only CUDA devices are sized from free memory"
+            )
+        free, _total = torch.cuda.mem_get_info(self.device)
+        return int(free * self.gpu_memory_utilization)
+
+    def determine_num_blocks(self) -> int:
+        """Blocks that fit the KV budget; checks that one `max_model_len` request fits."""
+        bytes_per_block = self.plan.bytes_per_block
+        if bytes_per_block == 0:
+            return 2  # no KV cache: only the null block and one spare
+        available = self.available_memory()
+        num_blocks = available // bytes_per_block
+        needed = sum(self.blocks_per_request) + 1  # + the null block
+        if num_blocks < needed:
+            raise ValueError(
+                f"the KV cache needs {needed * bytes_per_block / 2**20:.1f} MiB to serve one "
+                f"request of max_model_len={self.max_model_len} but only "
+                f"{available / 2**20:.1f} MiB are available; the largest max_model_len that "
+                f"fits is {self.largest_fitting_len(num_blocks)}. Give the KV cache more memory "
+                "or lower max_model_len."
+            )
+        return num_blocks
+
+    def largest_fitting_len(self, num_blocks: int) -> int:
+        lo, hi = 0, self.max_model_len
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            per_request = self.plan.blocks_per_request(mid, min(self.max_in_flight_tokens, mid))
+            if sum(per_request) + 1 <= num_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def allocate(self, num_blocks: int) -> None:
+        """One flat buffer of `num_blocks * bytes_per_block` bytes; bind a view per layer."""
+        plan = self.plan
+        self.num_blocks = num_blocks
+        self.kv_buffer = torch.zeros(
+            num_blocks * plan.bytes_per_block, dtype=torch.uint8, device=self.device
+        )
+        views: dict[AttentionBackend, dict[str, Any]] = {}
+        group_map: dict[AttentionBackend, dict[str, int]] = {}
+        for gid, group in enumerate(plan.groups):
+            offset = 0  # every group starts at byte 0 of the block: groups alias the buffer
+            for lp in group.layers:
+                view = lp.spec.make_view(
+                    self.kv_buffer, offset, plan.bytes_per_block, num_blocks, plan.block_size
+                )
+                views.setdefault(lp.backend, {})[lp.layer.name] = view
+                group_map.setdefault(lp.backend, {})[lp.layer.name] = gid
+                offset += lp.spec.page_size_bytes(plan.block_size)
+        for backend, layer_views in views.items():
+            backend.bind_kv_caches(layer_views, group_map[backend])
+
+    def report(self) -> KVCacheReport:
+        plan = self.plan
+        wasted = plan.wasted_bytes_per_block()
+        groups = tuple(
+            {
+                "group_id": gid,
+                "manager": group.manager_cls.__name__,
+                "config": attrs.asdict(group.config) if attrs.has(type(group.config)) else {},
+                "layers": [lp.layer.name for lp in group.layers],
+                "page_bytes": group.page_bytes(),
+                "wasted_bytes_per_block": wasted[gid],
+                "blocks_per_request": self.blocks_per_request[gid],
+            }
+            for gid, group in enumerate(plan.groups)
+        )
+        return KVCacheReport(
+            block_size=plan.block_size,
+            groups=groups,
+            bytes_per_block=plan.bytes_per_block,
+            num_blocks=self.num_blocks,
+            max_model_len=self.max_model_len,
+            blocks_per_request=tuple(self.blocks_per_request),
+        )
+
+
+def agree_on_num_blocks(workers: list[Worker]) -> int:
+    """Every worker sizes its own cache; the engine uses the minimum on all of them."""
+    return min(w.determine_num_blocks() for w in workers)
