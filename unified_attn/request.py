@@ -57,6 +57,8 @@ class Request:
         # Tokens scheduled by a step whose outputs have not been processed yet (async steps).
         self.num_in_flight_tokens = 0
         self.num_preemptions = 0
+        # Requests that need logits of every prompt position recompute the whole prompt.
+        self.skip_reading_prefix_cache = False
         self.block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
         self._update_block_hashes()

@@ -21,6 +21,10 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     ignore_eos: bool = False
+    # Return the float32 logits of every prompt position (disables prefix-cache reads for the
+    # request) and/or of every generated token.
+    prompt_logits: bool = False
+    return_logits: bool = False
 
     @max_tokens.validator
     def _check_max_tokens(self, _attribute: attrs.Attribute, value: int) -> None:

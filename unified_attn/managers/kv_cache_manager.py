@@ -87,7 +87,7 @@ class KVCacheManager:
         The hit is at most `num_tokens - 1`: the last prompt token is always recomputed so the
         step produces logits.
         """
-        if not self.enable_caching or not self.num_groups:
+        if not self.enable_caching or not self.num_groups or request.skip_reading_prefix_cache:
             return self._empty, 0
         max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.hash_block_size)
         blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)

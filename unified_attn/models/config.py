@@ -50,11 +50,6 @@ class LayerKind:
     def chunked(cls, chunk: int) -> LayerKind:
         return cls("chunked", chunk=chunk)
 
-    @property
-    def backend_kwargs(self) -> dict[str, int | None]:
-        """The static backend parameters; layers with equal kwargs share one backend instance."""
-        return {"sliding_window": self.window, "attention_chunk_size": self.chunk}
-
 
 @attrs.frozen(kw_only=True)
 class RopeScaling:

@@ -6,6 +6,7 @@ Parameter names are Hugging Face's Llama names, so a checkpoint loads as a plain
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import torch
 from torch import nn
@@ -14,11 +15,11 @@ from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding, make_layer_config
 
-BackendKey = tuple[tuple[str, int | None], ...]
+BackendKey = tuple[int | None, int | None]  # (sliding_window, attention_chunk_size)
 
 
 def _backend_key(kind: LayerKind) -> BackendKey:
-    return tuple(kind.backend_kwargs.items())
+    return kind.window, kind.chunk
 
 
 class _Backbone(nn.Module):
@@ -80,7 +81,8 @@ class DecoderModel(nn.Module):
                     num_kv_heads=config.num_kv_heads,
                     head_size=config.head_size,
                     dtype=dtype,
-                    **kind.backend_kwargs,
+                    sliding_window=kind.window,
+                    attention_chunk_size=kind.chunk,
                 )
         return backends
 
@@ -90,7 +92,8 @@ class DecoderModel(nn.Module):
 
     def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
         for layer in self.model.layers:
-            yield layer.self_attn.layer_config, layer.self_attn.backend
+            attn = cast(DecoderLayer, layer).self_attn
+            yield attn.layer_config, attn.backend
 
     def _fill_constant(self) -> None:
         for name, param in self.named_parameters():

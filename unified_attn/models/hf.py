@@ -132,8 +132,8 @@ def _architecture(hf: HFConfig) -> str:
 
 def _rope(hf: HFConfig) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) from transformers 5 `rope_parameters` or 4.x `rope_theta`/`rope_scaling`."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    params: dict[str, Any] = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
     rope_type = params.get("rope_type", params.get("type", "default"))
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")

@@ -20,13 +20,15 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """ids 0..255 are UTF-8 bytes; ids from 256 on are specials (bos, eos) and decode to ''."""
 
-    def __init__(self, bos_token_id: int = BYTE_BOS_ID, eos_token_id: int = BYTE_EOS_ID) -> None:
-        if min(bos_token_id, eos_token_id) < 256:
+    def __init__(
+        self, bos_token_id: int | None = BYTE_BOS_ID, eos_token_id: int = BYTE_EOS_ID
+    ) -> None:
+        if any(t is not None and t < 256 for t in (bos_token_id, eos_token_id)):
             raise ValueError(
                 f"ByteTokenizer: special ids must be >= 256 (0..255 are bytes), got "
                 f"bos={bos_token_id}, eos={eos_token_id}"
             )
-        self.bos_token_id: int | None = bos_token_id
+        self.bos_token_id = bos_token_id
         self.eos_token_ids = (eos_token_id,)
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]:

@@ -57,6 +57,8 @@ class RequestOutput:
     finish_reason: str | None
     text: str | None = None
     num_preemptions: int = 0
+    prompt_logits: torch.Tensor | None = None  # [prompt_len, vocab] float32, if asked for
+    logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
 
 
 @attrs.define
@@ -127,6 +129,8 @@ class LLMEngine:
         )
         self.stats = EngineStats()
         self._next_id = 0
+        # request id -> (prompt logits parts, generated-token logits)
+        self._logits: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -155,14 +159,17 @@ class LLMEngine:
             request_id = f"req-{self._next_id}"
             self._next_id += 1
         self._check_prompt(request_id, token_ids)
+        params = params or SamplingParams()
         request = Request(
             request_id,
             token_ids,
             block_hasher=self.kv_cache_manager.make_block_hasher(),
             cache_salt=cache_salt,
-            sampling_params=params or SamplingParams(),
+            sampling_params=params,
         )
+        request.skip_reading_prefix_cache = params.prompt_logits
         self.scheduler.add_request(request)
+        self._logits[request_id] = ([], [])
         return request_id
 
     def _check_prompt(self, request_id: str, token_ids: list[int]) -> None:
@@ -183,13 +190,16 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> None:
         self.scheduler.abort_request(request_id)
+        self._logits.pop(request_id, None)
 
     # ---- running -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         output = self.scheduler.schedule()
-        sampled = self.runner.execute(output)
+        result = self.runner.execute(output)
+        self._keep_logits(output, result)
+        sampled = result.sampled
         finished = self.scheduler.update_from_output(output, sampled)
         stats = self.stats
         stats.steps += 1
@@ -201,6 +211,14 @@ class LLMEngine:
                 stats.prefill_tokens += entry.num_new_tokens
         stats.generated_tokens += len(sampled)
         return [self._output(r) for r in finished]
+
+    def _keep_logits(self, output, result) -> None:
+        for request in output.preempted:
+            self._logits[request.request_id][0].clear()  # the prompt is recomputed
+        for rid, rows in result.prompt_logits.items():
+            self._logits[rid][0].append(rows)
+        for rid, row in result.sample_logits.items():
+            self._logits[rid][1].append(row)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -226,6 +244,7 @@ class LLMEngine:
         text = None
         if self.tokenizer is not None:
             text = self.tokenizer.decode(request.output_token_ids)
+        prompt_parts, sample_rows = self._logits.pop(request.request_id, ([], []))
         return RequestOutput(
             request.request_id,
             request.prompt_token_ids,
@@ -233,6 +252,8 @@ class LLMEngine:
             _FINISH_REASONS.get(request.status),
             text,
             request.num_preemptions,
+            torch.cat(prompt_parts) if prompt_parts else None,
+            torch.stack(sample_rows) if sample_rows else None,
         )
 
 

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import torch
 
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata
 from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
+
+
+@attrs.define
+class StepResult:
+    sampled: dict[str, int] = attrs.Factory(dict)
+    prompt_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # rows of this step's prompt
+    sample_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # the sampled row
 
 
 class BlockTables:
@@ -70,25 +78,47 @@ class ModelRunner:
         self.backend_groups = backend_group_ids(plan)
         self.sampler = Sampler(self.device, seed)
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
-        """Run one step; returns the sampled token of every request that reached its end."""
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        """Run one step: sampled tokens of requests that reached their end, and logits asked for
+        through `SamplingParams.prompt_logits` / `return_logits`."""
         for request_id in output.finished_ids:
             self.block_tables.drop(request_id)
             self.sampler.drop(request_id)
+        result = StepResult()
         if not output.scheduled:
-            return {}
+            return result
         common, tables, input_ids, sample_idx = self.prepare_inputs(output)
         for backend, gids in self.backend_groups:
             backend.prep_forward(common, {gid: tables[gid] for gid in gids})
         with torch.inference_mode():
             hidden = self.model(input_ids, common.positions)
-            if not sample_idx:
-                return {}
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_idx, device=self.device)])
+            if sample_idx:
+                rows = torch.tensor(sample_idx, device=self.device)
+                logits = self.model.compute_logits(hidden[rows])
+            self._collect_prompt_logits(output, common, hidden, result)
+        if not sample_idx:
+            return result
         sampled = [s for s in output.scheduled if s.will_sample]
         ids = [s.request.request_id for s in sampled]
-        tokens = self.sampler.sample(logits, ids, [s.request.sampling_params for s in sampled])
-        return dict(zip(ids, tokens, strict=True))
+        params = [s.request.sampling_params for s in sampled]
+        tokens = self.sampler.sample(logits, ids, params)
+        result.sampled = dict(zip(ids, tokens, strict=True))
+        for i, (rid, p) in enumerate(zip(ids, params, strict=True)):
+            if p.return_logits:
+                result.sample_logits[rid] = logits[i].cpu()
+        return result
+
+    def _collect_prompt_logits(self, output, common, hidden, result: StepResult) -> None:
+        starts = common.query_start_loc_cpu.tolist()
+        for i, entry in enumerate(output.scheduled):
+            request = entry.request
+            if not request.sampling_params.prompt_logits:
+                continue
+            end = min(entry.num_computed_before + entry.num_new_tokens, request.num_prompt_tokens)
+            count = end - entry.num_computed_before
+            if count > 0:
+                rows = hidden[starts[i] : starts[i] + count]
+                result.prompt_logits[request.request_id] = self.model.compute_logits(rows).cpu()
 
     def prepare_inputs(self, output: SchedulerOutput):
         """Host-side batch layout: token ids, positions, the metadata and block tables."""
