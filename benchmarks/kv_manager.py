@@ -27,27 +27,24 @@ matplotlib is installed. Every number is measured; nothing is estimated.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import gc
 import io
 import json
 import os
-import platform
 import pstats
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from unified_attn.harness.bench import machine_info, percentile, summary
 from unified_attn.managers import (
     BlockPool,
     FullAttentionManager,
@@ -111,28 +108,6 @@ QUICK_PARAMS: dict[str, Any] = {
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100])."""
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    pos = (len(data) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
-
-
-def summary(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(values),
-        "p90": percentile(values, 90),
-        "mean": statistics.fmean(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
 
 
 def make_manager(config_name: str, num_blocks: int) -> KVCacheManager:
@@ -596,45 +571,6 @@ def _queue_position(pool: BlockPool, target: Any) -> int:
 
 
 # ---- machine, report, plot -------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    cpu_model = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    cpu_model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
-    commit = None
-    with contextlib.suppress(OSError, subprocess.CalledProcessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model,
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "torch_version": version("torch"),
-        "unified_attn_version": version("unified_attn"),
-        "git_commit": commit,
-    }
 
 
 def verdicts(results: dict[str, Any]) -> dict[str, Any]:

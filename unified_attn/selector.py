@@ -38,6 +38,7 @@ class SelectorConfig:
     block_size: int | None = None
     has_sinks: bool = False
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
     attn_type: AttentionType = AttentionType.DECODER
     device: str = "cpu"
     use_batch_invariant: bool = attrs.field(factory=batch_invariant_from_env)

@@ -84,3 +84,19 @@ def test_window_mismatch_between_layer_and_backend_is_a_planning_error():
 def test_unknown_options_are_rejected():
     with pytest.raises(ValueError, match="unknown options"):
         ReferenceAttentionBackend(num_kv_heads=1, head_size=8, dtype="float32", flash=True)
+
+
+def test_garbage_outside_every_window_never_reaches_the_output():
+    # The null block and stale blocks can hold anything, NaN bits included.
+    computed, new = [3, 30], [1, 1]
+    backend, cache = bound_backend(window=4)
+    batch = make_batch(computed, new, num_kv_heads=2, head_size=8, block_size=4, num_blocks=64)
+    fill_cached_tokens(cache, batch, computed)
+    cache[0] = float("nan")  # padded decode positions of the short request read block 0
+    old = batch.block_table[1, 0]
+    cache[int(old)] = float("nan")  # out of the long request's window
+    layer = LayerConfig("l0", 4, 2, 8, scale=8**-0.5, sliding_window=4)
+    out = torch.empty(2, 32)
+    backend.prep_forward(batch.common, {0: batch.block_table})
+    backend.forward(layer, out, torch.randn(2, 32), batch.k_new.flatten(1), batch.v_new.flatten(1))
+    assert torch.isfinite(out).all()

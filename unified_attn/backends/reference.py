@@ -58,7 +58,8 @@ class ReferenceAttentionBackend(AttentionBackend):
         max_len = max((seq_lens[i] for i in decode), default=0)
         self.decode_valid = torch.arange(max_len, device=device) < self.decode_pos[:, None] + 1
         self.writes: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self.keys: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # per group: "decode" -> padded decode rows, request index -> that prefill row
+        self.keys: dict[int, dict[str | int, tuple[torch.Tensor, torch.Tensor]]] = {}
         for gid in set(self.group_of_layer.values()):
             bs = self._block_size(gid)
             slots = common.slot_mappings[gid][: common.num_actual_tokens].cpu()
@@ -70,7 +71,9 @@ class ReferenceAttentionBackend(AttentionBackend):
             )
             table = block_tables[gid].cpu().long()
             pos = torch.arange(max_len)
-            keys = {"decode": (table[decode][:, pos // bs].to(device), (pos % bs).to(device))}
+            keys: dict[str | int, tuple[torch.Tensor, torch.Tensor]] = {
+                "decode": (table[decode][:, pos // bs].to(device), (pos % bs).to(device))
+            }
             for i in self.prefill_rows:
                 pos_i = torch.arange(seq_lens[i])
                 keys[i] = (table[i, pos_i // bs].to(device), (pos_i % bs).to(device))

@@ -229,7 +229,7 @@ class LLMEngine:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts (text or token ids) to completion; outputs in input order."""
-        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
+        batch: list[Any] = [prompts] if _is_single_prompt(prompts) else list(prompts)
         all_params = params if isinstance(params, Sequence) else [params] * len(batch)
         if len(all_params) != len(batch):
             raise ValueError(f"{len(all_params)} SamplingParams for {len(batch)} prompts")

@@ -122,19 +122,20 @@ class ModelRunner:
 
     def prepare_inputs(self, output: SchedulerOutput):
         """Host-side batch layout: token ids, positions, the metadata and block tables."""
-        rows, input_ids, positions, query_start, seq_lens, computed, sample_idx = (
-            [],
-            [],
-            [],
-            [0],
-            [],
-            [],
-            [],
-        )
+        rows: list[int] = []
+        token_rows: list[int] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        computed: list[int] = []
+        sample_idx: list[int] = []
         for entry in output.scheduled:
             request = entry.request
-            rows.append(self.block_tables.update(request.request_id, entry.block_ids, entry.is_new))
+            row = self.block_tables.update(request.request_id, entry.block_ids, entry.is_new)
             start, end = entry.num_computed_before, entry.num_computed_before + entry.num_new_tokens
+            rows.append(row)
+            token_rows.extend([row] * entry.num_new_tokens)
             input_ids.extend(request.all_token_ids[start:end])
             positions.extend(range(start, end))
             query_start.append(query_start[-1] + entry.num_new_tokens)
@@ -144,13 +145,12 @@ class ModelRunner:
                 sample_idx.append(query_start[-1] - 1)
         dev = self.device
         positions_t = torch.tensor(positions, dtype=torch.int64)
+        token_rows_t = torch.tensor(token_rows, dtype=torch.int64)
         row_t = torch.tensor(rows, dtype=torch.int64)
-        query_lens = torch.tensor([e.num_new_tokens for e in output.scheduled], dtype=torch.int64)
-        token_rows = torch.repeat_interleave(row_t, query_lens)
         tables, slot_mappings = {}, {}
         for gid, bs in enumerate(self.block_sizes):
             table = self.block_tables.tables[gid]
-            block_ids = table[token_rows, positions_t // bs].to(torch.int64)
+            block_ids = table[token_rows_t, positions_t // bs].to(torch.int64)
             slot_mappings[gid] = (block_ids * bs + positions_t % bs).to(dev)
             tables[gid] = table[row_t].to(dev)
         qsl = torch.tensor(query_start, dtype=torch.int32)
@@ -164,7 +164,7 @@ class ModelRunner:
             positions=positions_t.to(dev),
             num_reqs=len(rows),
             num_actual_tokens=len(positions),
-            max_query_len=int(query_lens.max()),
+            max_query_len=max(e.num_new_tokens for e in output.scheduled),
             max_seq_len=max(seq_lens),
             slot_mappings=slot_mappings,
         )

@@ -34,17 +34,18 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def selector_configs(config: ModelConfig, dtype: torch.dtype, engine: Any) -> list[SelectorConfig]:
     """One SelectorConfig per distinct attention kind of the model."""
     invariant = engine.batch_invariant or batch_invariant_from_env()
-    windows = sorted({kind.window or 0 for kind in config.layer_kinds})
+    kinds = dict.fromkeys((kind.window, kind.chunk) for kind in config.layer_kinds)
     return [
         SelectorConfig(
             head_size=config.head_size,
             dtype=dtype,
             block_size=engine.block_size,
-            sliding_window=window or None,
+            sliding_window=window,
+            attention_chunk_size=chunk,
             device=engine.device,
             use_batch_invariant=invariant,
         )
-        for window in windows
+        for window, chunk in kinds
     ]
 
 

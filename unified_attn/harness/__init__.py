@@ -1,0 +1,1 @@
+"""Conformance suite, migration harness and benchmark helpers."""
