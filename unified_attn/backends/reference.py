@@ -51,7 +51,7 @@ class ReferenceAttentionBackend(AttentionBackend):
         self.computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
         # Decode rows (one query token) are attended in one batch, the others one by one.
         decode = [i for i, (a, b) in enumerate(self.query_ranges) if b - a == 1]
-        self.prefill_rows = [i for i in range(num_reqs) if i not in set(decode)]
+        self.prefill_rows = [i for i, (a, b) in enumerate(self.query_ranges) if b - a != 1]
         device = common.positions.device
         self.decode_tokens = torch.tensor([qsl[i] for i in decode], dtype=torch.long, device=device)
         self.decode_pos = torch.tensor([seq_lens[i] - 1 for i in decode], device=device)
@@ -189,6 +189,10 @@ def attend_batch(
         scores = scores + alibi_slopes.float()[None, :, None, None] * distance[:, None]
     mask = attention_mask(layer, query_pos, key_pos) & key_valid[:, None, :]  # [B, L, S]
     scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    # Keys no query may see can hold anything (stale or aliased blocks, even NaN bits), and
+    # 0 * NaN = NaN: zero their values.
+    visible = mask.any(dim=1)  # [B, S]
+    vf = vf.masked_fill(~visible[:, :, None, None], 0.0)
     if sinks is not None:  # a learned per-head logit that takes probability mass, no value
         sink_col = sinks.float()[None, :, None, None].expand(*scores.shape[:3], 1)
         probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
