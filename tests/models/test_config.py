@@ -1,0 +1,62 @@
+"""ModelConfig / LayerKind / RopeScaling validation and defaults."""
+
+import attrs
+import pytest
+
+from unified_attn.models import LayerKind, ModelConfig, RopeScaling
+
+BASE = dict(
+    vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2
+)
+
+
+def test_defaults_head_size_and_all_full_layers():
+    cfg = ModelConfig(**BASE)
+    assert cfg.head_size == 16
+    assert cfg.layer_kinds == (LayerKind.full(), LayerKind.full())
+    assert cfg.eos_token_ids == ()
+
+
+def test_layer_kinds_list_and_eos_list_become_tuples_and_config_is_hashable():
+    cfg = ModelConfig(**BASE, layer_kinds=[LayerKind.sliding(8)] * 2, eos_token_id=[3, 4])
+    assert cfg.layer_kinds == (LayerKind.sliding(8),) * 2
+    assert cfg.eos_token_ids == (3, 4)
+    assert hash(cfg) == hash(attrs.evolve(cfg))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(layer_kinds=(LayerKind.full(),)), "1 layer_kinds for num_layers=2"),
+        (dict(num_kv_heads=3), "not a multiple"),
+        (dict(head_size=15), "even head_size"),
+        (dict(eos_token_id=100), "outside the vocabulary"),
+        (dict(hidden_size=0), "hidden_size must be positive"),
+    ],
+)
+def test_invalid_model_config(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{**BASE, **overrides})
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(kind="sliding"),
+        dict(kind="sliding", window=4, chunk=4),
+        dict(kind="chunked", window=4),
+        dict(kind="full", window=4),
+        dict(kind="sliding", window=0),
+        dict(kind="dilated", window=4),
+    ],
+)
+def test_invalid_layer_kind(kwargs):
+    with pytest.raises(ValueError):
+        LayerKind(**kwargs)
+
+
+def test_invalid_rope_scaling():
+    with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
+        RopeScaling(factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0)
+    with pytest.raises(ValueError, match="rope_type"):
+        RopeScaling(rope_type="yarn", factor=2.0)  # type: ignore[arg-type]
