@@ -60,3 +60,18 @@ def test_blocks_of_finished_chunks_are_freed():
 def test_chunk_must_be_positive():
     with pytest.raises(ValueError, match="attention_chunk_size"):
         ChunkedLocalAttentionManager.Config(attention_chunk_size=0)
+
+
+def test_chunk_not_a_multiple_of_the_block_size_never_hits_into_a_null_block():
+    # chunk 3, block 2: block 1 holds token 2 (chunk 0) and token 3 (chunk 1).
+    pool, m = direct_manager(chunk=3, block_size=2)
+    hashes = [bytes([i + 1]) * 32 for i in range(2)]
+    blocks = pool.get_new_blocks(2)
+    pool.cache_full_blocks(blocks, hashes, 0, 2, group_id=0)
+    pool.evict_blocks([blocks[1].block_id])
+    # A hit of 2 would recompute token 2, which needs tokens 0 and 1 (block 0 is not kept).
+    assert m.find_longest_cache_hit(hashes, 3, alignment=2) == ([blocks[0]], 2)
+    pool.evict_blocks([blocks[0].block_id])
+    assert m.find_longest_cache_hit(hashes, 3, alignment=2) == ([], 0)
+    pool.cache_full_blocks(blocks, hashes, 1, 2, group_id=0)  # only block 1 cached
+    assert m.find_longest_cache_hit(hashes, 4, alignment=2) == ([pool.null_block, blocks[1]], 4)

@@ -32,15 +32,26 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int, alignment: int
     ) -> tuple[list[KVCacheBlock], int]:
-        # Blocks before the current chunk are never read again: they count as computed (null).
-        # Blocks inside the current chunk must hit left to right.
-        first = max_length // self.chunk * self.chunk // self.block_size
-        blocks = [self.null_block] * first
-        group = (self.group_id,)
-        for block_hash in block_hashes[first : max_length // self.block_size]:
-            cached = self.block_pool.get_cached_block(block_hash, group)
-            if cached is None:
-                break
-            blocks.append(cached[0])
-        hit_length = len(blocks) * self.block_size // alignment * alignment
-        return blocks[: hit_length // self.block_size], hit_length
+        """Hit h is valid when every block overlapping `[chunk_start(h), h)` is cached; blocks
+        entirely before the chunk of h are never read again and count as computed (null)."""
+        bs, group = self.block_size, (self.group_id,)
+        cached: dict[int, KVCacheBlock | None] = {}
+
+        def lookup(i: int) -> KVCacheBlock | None:
+            if i not in cached:
+                hit = self.block_pool.get_cached_block(block_hashes[i], group)
+                cached[i] = hit[0] if hit else None
+            return cached[i]
+
+        end = max_length // bs  # candidate hit, in blocks
+        while end > 0:
+            if end * bs % alignment:
+                end -= 1
+                continue
+            start = end * bs // self.chunk * self.chunk // bs
+            miss = next((i for i in range(end - 1, start - 1, -1) if lookup(i) is None), None)
+            if miss is None:
+                blocks = [self.null_block] * start + [cached[i] for i in range(start, end)]
+                return blocks, end * bs  # type: ignore[return-value]
+            end = miss  # every longer candidate still needs the missing block
+        return [], 0
