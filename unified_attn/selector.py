@@ -20,8 +20,9 @@ from unified_attn.tensor_specs import as_dtype
 BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
 
 _REGISTRY: dict[str, tuple[type[AttentionBackend], dict[str, int]]] = {}
-# Modules that register the built-in backends; imported lazily on first selection.
-_BUILTIN_MODULES = ("unified_attn.backends.reference",)
+# Modules that register the built-in backends; imported lazily on first selection. A module
+# whose dependencies are missing (Triton off Linux) registers nothing.
+_BUILTIN_MODULES = ("unified_attn.backends.reference", "unified_attn.backends.triton")
 
 
 def batch_invariant_from_env() -> bool:
@@ -56,7 +57,10 @@ def register_backend(priority: dict[str, int]) -> Callable[[type], type]:
 
 def registered_backends() -> dict[str, type[AttentionBackend]]:
     for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
     return {name: cls for name, (cls, _) in _REGISTRY.items()}
 
 

@@ -1,0 +1,148 @@
+"""`TritonAttentionBackend`: the unified contract over the Triton paged-attention kernels."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
+from unified_attn.backends.triton.ops import (
+    SUPPORTED_DTYPES,
+    SplitPlan,
+    SplitScratch,
+    unified_attention,
+    write_kv_cache,
+)
+from unified_attn.selector import SelectorConfig, register_backend
+
+MAX_HEAD_SIZE = 256
+MAX_SEGMENTS = 16
+# Batch-invariant split-KV: segments start at multiples of this many keys whatever the batch.
+INVARIANT_SEGMENT = 4096
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@register_backend(priority={"cuda": 100, "cpu": 1})
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    @classmethod
+    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
+        reasons = []
+        device = torch.device(cfg.device).type
+        if device != "cuda" and not (device == "cpu" and interpreter_on()):
+            reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
+        if cfg.dtype not in SUPPORTED_DTYPES:
+            reasons.append(f"dtype {cfg.dtype} is not one of {SUPPORTED_DTYPES}")
+        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
+            reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
+        if not 16 <= cfg.head_size <= MAX_HEAD_SIZE or cfg.head_size % 16:
+            reasons.append(f"head size {cfg.head_size} is not a multiple of 16 in [16, 256]")
+        if cfg.attn_type not in (AttentionType.DECODER,):
+            reasons.append(f"attention type {cfg.attn_type.value} is not supported")
+        return reasons
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        return True
+
+    def __init__(self, *, batch_invariant: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.batch_invariant = batch_invariant
+        self.max_num_heads = self.num_kv_heads
+        self.scratch = SplitScratch()
+        self.split: SplitPlan | None = None
+
+    def check_layer(self, layer: LayerConfig) -> None:
+        super().check_layer(layer)
+        # Planning sees every layer: remember the widest one for the split-KV scratch.
+        self.max_num_heads = max(self.max_num_heads, layer.num_heads)
+
+    def prep_forward(
+        self,
+        common: CommonAttentionMetadata,
+        block_tables: dict[int, torch.Tensor],
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        self.common = common
+        self.block_tables = block_tables
+        self.split = self.plan_split(common)
+        if self.split is not None:
+            head_pad = max(16, triton.next_power_of_2(self.head_size))
+            rows = common.num_actual_tokens * self.max_num_heads
+            self.scratch.ensure(rows, self.split.num_segments, head_pad, common.positions.device)
+
+    def plan_split(self, common: CommonAttentionMetadata) -> SplitPlan | None:
+        """Split-KV for decode batches that would under-fill the GPU. In batch-invariant mode
+        segments have a fixed size, so a request's split depends only on its own length."""
+        if common.max_query_len != 1:
+            return None
+        if self.batch_invariant:
+            segments = -(-common.max_seq_len // INVARIANT_SEGMENT)
+            if segments <= 1:
+                return None
+            return SplitPlan(min(triton.next_power_of_2(segments), 64), INVARIANT_SEGMENT)
+        programs = common.num_reqs * self.num_kv_heads
+        target = 2 * num_multiprocessors(common.positions.device)
+        if programs >= target or common.max_seq_len < 1024:
+            return None
+        segments = min(MAX_SEGMENTS, triton.next_power_of_2(-(-target // programs)))
+        segment = -(-common.max_seq_len // segments)
+        segment = -(-segment // 64) * 64
+        return SplitPlan(segments, segment)
+
+    def forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        q, k, v = self.check_forward_inputs(layer, output, query, key, value)
+        common = self.common
+        gid = self.group_of_layer[layer.name]
+        cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
+        k_cache, v_cache = cache[:, 0], cache[:, 1]
+        num_tokens = common.num_actual_tokens
+        write_kv_cache(k, v, k_cache, v_cache, common.slot_mappings[gid][:num_tokens])
+        sinks = kwargs.get("sinks")
+        unified_attention(
+            q[:num_tokens],
+            k_cache,
+            v_cache,
+            output.view(q.shape)[:num_tokens],
+            query_start_loc=common.query_start_loc,
+            seq_lens=common.seq_lens,
+            block_table=self.block_tables[gid],
+            num_seqs=common.num_reqs,
+            max_query_len=common.max_query_len,
+            scale=layer.scale,
+            causal=layer.causal,
+            window=layer.sliding_window,
+            chunk=layer.chunk_size,
+            soft_cap=layer.logits_soft_cap,
+            sinks=None if sinks is None else sinks.float(),
+            alibi_slopes=kwargs.get("alibi_slopes"),
+            split=self.split if not self.batch_invariant or self.split else None,
+            scratch=self.scratch,
+        )
+        return output
+
+
+def num_multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number exercises the split path
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,177 @@
+"""Launchers: validate inputs, choose tiles and grid, launch the kernels in `kernels/`."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import triton
+
+from unified_attn.backends.triton.kernels.cache_write import write_kv_cache_kernel
+from unified_attn.backends.triton.kernels.unified_attention import (
+    merge_segments_kernel,
+    unified_attention_kernel,
+)
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@attrs.frozen
+class SplitPlan:
+    """Split-KV: `num_segments` programs per (query block, KV head), `segment` keys each."""
+
+    num_segments: int
+    segment: int
+
+
+@attrs.frozen
+class TileConfig:
+    block_m: int  # query rows per program: BLOCK_Q tokens x QPK heads
+    tile: int  # keys per loop iteration
+    num_warps: int
+    num_stages: int
+
+
+def tile_config(qpk: int, head_size: int, max_query_len: int, dtype: torch.dtype) -> TileConfig:
+    """Prefill-shaped batches get large query tiles; decode gets the smallest that packs all the
+    query heads of a KV head."""
+    heads = triton.next_power_of_2(qpk)
+    if max_query_len <= 1:
+        return TileConfig(max(16, heads), 64 if head_size <= 128 else 32, 4, 2)
+    block_m = max(64 if head_size <= 128 else 32, heads)
+    tile = 64 if head_size <= 128 and dtype != torch.float32 else 32
+    return TileConfig(block_m, tile, 4, 2)
+
+
+def _check_cache(name: str, cache: torch.Tensor, num_kv_heads: int, head_size: int) -> None:
+    if cache.dim() != 4 or cache.shape[2:] != (num_kv_heads, head_size):
+        raise ValueError(
+            f"{name} must be [num_blocks, block_size, {num_kv_heads}, {head_size}], got "
+            f"{tuple(cache.shape)}"
+        )
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """`key`/`value [T, Hkv, D]` into the caches at `slot_mapping [T]` (-1 skipped)."""
+    num_tokens, num_kv_heads, head_size = key.shape
+    _check_cache("k_cache", k_cache, num_kv_heads, head_size)
+    _check_cache("v_cache", v_cache, num_kv_heads, head_size)
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError("key and value must be contiguous in the head dimension")
+    if slot_mapping.shape[0] < num_tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} slots for {num_tokens} tokens")
+    if num_tokens == 0:
+        return
+    write_kv_cache_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_cache.stride(), *v_cache.stride(),
+        NUM_KV_HEADS=num_kv_heads,
+        HEADS_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_SIZE=head_size,
+        HEAD_PAD=triton.next_power_of_2(head_size),
+        BLOCK_SIZE=k_cache.shape[1],
+    )  # fmt: skip
+
+
+@attrs.define
+class SplitScratch:
+    """Persistent float32 buffers for split-KV partial results, grown on demand."""
+
+    acc: torch.Tensor | None = None
+    max: torch.Tensor | None = None
+    sum: torch.Tensor | None = None
+
+    def ensure(self, rows: int, segments: int, head_pad: int, device: torch.device) -> None:
+        need = rows * segments
+        if self.max is None or self.max.numel() < need or self.acc.shape[1] != head_pad:
+            self.acc = torch.empty(need, head_pad, dtype=torch.float32, device=device)
+            self.max = torch.empty(need, dtype=torch.float32, device=device)
+            self.sum = torch.empty(need, dtype=torch.float32, device=device)
+
+
+def unified_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_seqs: int,
+    max_query_len: int,
+    scale: float,
+    causal: bool = True,
+    window: int | None = None,
+    chunk: int | None = None,
+    soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    split: SplitPlan | None = None,
+    scratch: SplitScratch | None = None,
+) -> torch.Tensor:
+    """Paged attention of `q [T, Hq, D]` over the caches; writes `out [T, Hq, D]`.
+
+    Sequence i owns query tokens `[query_start_loc[i], query_start_loc[i + 1])`, and its keys
+    are positions `[0, seq_lens[i])` mapped through `block_table[i]`.
+    """
+    num_tokens, num_q_heads, head_size = q.shape
+    num_kv_heads = k_cache.shape[2]
+    _check_cache("k_cache", k_cache, num_kv_heads, head_size)
+    _check_cache("v_cache", v_cache, num_kv_heads, head_size)
+    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or out.dtype != q.dtype:
+        raise ValueError(
+            f"q, caches and out must share one dtype of {SUPPORTED_DTYPES}, got {q.dtype}, "
+            f"{k_cache.dtype}, {out.dtype}"
+        )
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    if q.stride(-1) != 1 or out.stride(-1) != 1 or out.shape != q.shape:
+        raise ValueError("q and out must have the same shape and a contiguous head dimension")
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    qpk = num_q_heads // num_kv_heads
+    cfg = tile_config(qpk, head_size, max_query_len, q.dtype)
+    head_pad = max(16, triton.next_power_of_2(head_size))
+    block_m = max(cfg.block_m, triton.next_power_of_2(qpk))
+    block_q = block_m // qpk
+    num_segments, segment = (split.num_segments, split.segment) if split else (1, cfg.tile)
+    if num_segments > 1:
+        if scratch is None:
+            raise ValueError("split-KV needs a SplitScratch")
+        scratch.ensure(num_tokens * num_q_heads, num_segments, head_pad, q.device)
+    dummy = out
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_segments)
+    unified_attention_kernel[grid](
+        out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+        sinks if sinks is not None else dummy,
+        alibi_slopes if alibi_slopes is not None else dummy,
+        scratch.acc if num_segments > 1 else dummy,
+        scratch.max if num_segments > 1 else dummy,
+        scratch.sum if num_segments > 1 else dummy,
+        scale, soft_cap or 0.0, num_seqs, num_q_heads,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
+        QPK=qpk, BLOCK_SIZE=k_cache.shape[1], HEAD_SIZE=head_size, HEAD_PAD=head_pad,
+        BLOCK_M=block_m, BLOCK_Q=block_q, TILE=cfg.tile,
+        CAUSAL=causal, WINDOW=window or 0, CHUNK=chunk or 0,
+        USE_SINKS=sinks is not None, USE_ALIBI=alibi_slopes is not None,
+        USE_SOFTCAP=bool(soft_cap), NUM_SEGMENTS=num_segments, SEGMENT=segment,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if num_segments > 1:
+        merge_segments_kernel[(num_tokens, num_q_heads)](
+            out, scratch.acc, scratch.max, scratch.sum,
+            sinks if sinks is not None else dummy,
+            num_q_heads, out.stride(0), out.stride(1),
+            HEAD_SIZE=head_size, HEAD_PAD=head_pad, NUM_SEGMENTS=num_segments,
+            USE_SINKS=sinks is not None,
+        )  # fmt: skip
+    return out
