@@ -111,6 +111,7 @@ class AttentionBackend(ABC):
         sliding_window: int | None = None,
         attention_chunk_size: int | None = None,
         kv_cache_dtype: str = "auto",
+        batch_invariant: bool = False,
         **options: Any,
     ) -> None:
         if sliding_window is not None and attention_chunk_size is not None:
@@ -125,6 +126,8 @@ class AttentionBackend(ABC):
         self.sliding_window = sliding_window
         self.attention_chunk_size = attention_chunk_size
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else as_dtype(kv_cache_dtype)
+        # Backends that support it compute every request independently of the batch.
+        self.batch_invariant = batch_invariant
         self.options = options
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.group_of_layer: dict[str, int] = {}
@@ -144,6 +147,12 @@ class AttentionBackend(ABC):
     @classmethod
     def supports_batch_invariance(cls) -> bool:
         """True if a request's output never depends on the rest of the batch."""
+        return False
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        """True if `forward` only reads tensors that `prep_forward` keeps persistent, so a
+        decode step can be captured once and replayed."""
         return False
 
     @classmethod

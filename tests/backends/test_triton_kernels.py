@@ -4,7 +4,6 @@ On CPU the kernels run in Triton's interpreter (float16/float32: its bfloat16 is
 GPU run of the same file adds bfloat16 and larger shapes.
 """
 
-import itertools
 import random
 
 import pytest
@@ -82,12 +81,12 @@ MIXED = ([0, 17, 40, 5], [13, 1, 1, 20])  # prefill, decode, decode, chunked pre
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv", [(2, 2), (8, 2), (8, 1)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256] if GPU else [64, 128])
 def test_gqa_and_head_sizes(dtype, hq, hkv, d):
     run_case(hq=hq, hkv=hkv, d=d, bs=16, computed=MIXED[0], new=MIXED[1], dtype=dtype)
 
 
-@pytest.mark.parametrize("bs", [16, 32])
+@pytest.mark.parametrize("bs", [16, 32, 64] if GPU else [16, 32])
 @pytest.mark.parametrize("window", [None, 5, 33])
 def test_block_sizes_and_windows(bs, window):
     run_case(hq=4, hkv=2, d=64, bs=bs, computed=MIXED[0], new=MIXED[1], dtype=DTYPES[0],
@@ -115,6 +114,16 @@ def test_split_kv_decode_matches(sinks, window):
     computed, new = [70, 3, 129, 0], [1, 1, 1, 1]
     run_case(hq=4, hkv=2, d=64, bs=16, computed=computed, new=new, dtype=DTYPES[0],
              sinks=sinks, window=window, split=SplitPlan(num_segments=4, segment=32))  # fmt: skip
+
+
+@pytest.mark.skipif(not GPU, reason="long contexts are too slow for the CPU interpreter")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 1024])
+def test_long_contexts_on_the_gpu(dtype, window):
+    computed, new = [3000, 17, 8000, 0], [1, 300, 1, 700]
+    run_case(hq=32, hkv=8, d=128, bs=16, computed=computed, new=new, dtype=dtype, window=window)
+    run_case(hq=32, hkv=8, d=128, bs=16, computed=[9000, 40], new=[1, 1], dtype=dtype,
+             window=window, sinks=True, split=SplitPlan(num_segments=8, segment=1152))  # fmt: skip
 
 
 def test_random_ragged_batches():
@@ -149,7 +158,3 @@ def test_bad_inputs_are_rejected():
         unified_attention(q, k_cache, v_cache, torch.empty_like(q), **meta)
     with pytest.raises(ValueError, match="must be"):
         unified_attention(q[:, :2, :16], k_cache, v_cache, torch.empty_like(q[:, :2, :16]), **meta)
-
-
-def _unused():  # keep itertools imported for grids extended on the GPU
-    return itertools

@@ -6,7 +6,7 @@ Parameter names are Hugging Face's Llama names, so a checkpoint loads as a plain
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -52,11 +52,12 @@ class DecoderModel(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        backend_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.backends = self._make_backends(config, backend_cls, dtype)
+        self.backends = self._make_backends(config, backend_cls, dtype, backend_options or {})
         with torch.device("meta"):  # no init cost, no global RNG use
             self.model = _Backbone(config, self.backends)
             self.lm_head = (
@@ -71,7 +72,10 @@ class DecoderModel(nn.Module):
 
     @staticmethod
     def _make_backends(
-        config: ModelConfig, backend_cls: type[AttentionBackend], dtype: torch.dtype
+        config: ModelConfig,
+        backend_cls: type[AttentionBackend],
+        dtype: torch.dtype,
+        options: dict[str, Any],
     ) -> dict[BackendKey, AttentionBackend]:
         """One instance per distinct (window, chunk), in first-seen layer order."""
         backends: dict[BackendKey, AttentionBackend] = {}
@@ -83,6 +87,7 @@ class DecoderModel(nn.Module):
                     dtype=dtype,
                     sliding_window=kind.window,
                     attention_chunk_size=kind.chunk,
+                    **options,
                 )
         return backends
 

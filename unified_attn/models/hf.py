@@ -31,11 +31,14 @@ def load_hf_model(
     *,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    backend_options: dict[str, Any] | None = None,
 ) -> tuple[DecoderModel, HFTokenizer | None]:
     """Model (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if it ships one."""
     path = Path(path)
     config = config_from_hf(read_hf_config(path), name=path.name)
-    model = DecoderModel(config, backend_cls, dtype=dtype, device=device)
+    model = DecoderModel(
+        config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
+    )
     load_weights(model, read_state_dict(path), source=str(path))
     return model, load_tokenizer(path)
 

@@ -47,6 +47,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = False
     seed: int = 0
+    cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
 
 
 @attrs.define
@@ -126,6 +127,7 @@ class LLMEngine:
             max_num_seqs=config.max_num_seqs,
             max_model_len=self.max_model_len,
             seed=config.seed,
+            cuda_graphs=config.cuda_graphs,
         )
         self.stats = EngineStats()
         self._next_id = 0

@@ -9,6 +9,7 @@ import attrs
 import torch
 
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata
+from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
@@ -70,6 +71,7 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         seed: int = 0,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -77,6 +79,21 @@ class ModelRunner:
         self.block_tables = BlockTables(self.block_sizes, max_num_seqs, max_model_len)
         self.backend_groups = backend_group_ids(plan)
         self.sampler = Sampler(self.device, seed)
+        self.graphs: DecodeGraphs | None = None
+        graphs_supported = bool(self.backend_groups) and all(
+            type(b).supports_cuda_graphs() for b, _ in self.backend_groups
+        )
+        if cuda_graphs and self.device.type == "cuda" and graphs_supported:
+            widths = [t.shape[1] for t in self.block_tables.tables]
+            self.graphs = DecodeGraphs(
+                model,
+                self.backend_groups,
+                widths,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                device=self.device,
+            )
+            self.graphs.capture()
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run one step: sampled tokens of requests that reached their end, and logits asked for
@@ -88,14 +105,18 @@ class ModelRunner:
         if not output.scheduled:
             return result
         common, tables, input_ids, sample_idx = self.prepare_inputs(output)
-        for backend, gids in self.backend_groups:
-            backend.prep_forward(common, {gid: tables[gid] for gid in gids})
-        with torch.inference_mode():
-            hidden = self.model(input_ids, common.positions)
-            if sample_idx:
-                rows = torch.tensor(sample_idx, device=self.device)
-                logits = self.model.compute_logits(hidden[rows])
-            self._collect_prompt_logits(output, common, hidden, result)
+        if self._use_graphs(output):
+            assert self.graphs is not None
+            logits = self.graphs.run(input_ids, common, tables)
+        else:
+            for backend, gids in self.backend_groups:
+                backend.prep_forward(common, {gid: tables[gid] for gid in gids})
+            with torch.inference_mode():
+                hidden = self.model(input_ids, common.positions)
+                if sample_idx:
+                    rows = torch.tensor(sample_idx, device=self.device)
+                    logits = self.model.compute_logits(hidden[rows])
+                self._collect_prompt_logits(output, common, hidden, result)
         if not sample_idx:
             return result
         sampled = [s for s in output.scheduled if s.will_sample]
@@ -107,6 +128,15 @@ class ModelRunner:
             if p.return_logits:
                 result.sample_logits[rid] = logits[i].cpu()
         return result
+
+    def _use_graphs(self, output: SchedulerOutput) -> bool:
+        """Decode steps (every request one token, each sampled) that fit a captured size."""
+        if self.graphs is None or self.graphs.bucket(len(output.scheduled)) is None:
+            return False
+        return all(
+            s.num_new_tokens == 1 and s.will_sample and not s.request.sampling_params.prompt_logits
+            for s in output.scheduled
+        )
 
     def _collect_prompt_logits(self, output, common, hidden, result: StepResult) -> None:
         starts = common.query_start_loc_cpu.tolist()

@@ -63,13 +63,19 @@ def load_model(engine: Any) -> ModelSource:
             f"model {engine.model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
             "checkpoint directory"
         )
-    backend_cls = select_backend(selector_configs(config, dtype, engine), override=engine.backend)
+    selector_cfgs = selector_configs(config, dtype, engine)
+    backend_cls = select_backend(selector_cfgs, override=engine.backend)
+    options = {"batch_invariant": True} if selector_cfgs[0].use_batch_invariant else {}
     if engine.model in PRESETS:
-        model = DecoderModel(config, backend_cls, dtype=dtype, device=device)
+        model = DecoderModel(
+            config, backend_cls, dtype=dtype, device=device, backend_options=options
+        )
         model.init_random_weights(engine.seed)
         tokenizer: Any = ByteTokenizer(config.bos_token_id, config.eos_token_ids[0])
     else:
-        model, tokenizer = load_hf_model(path, backend_cls, dtype=dtype, device=device)
+        model, tokenizer = load_hf_model(
+            path, backend_cls, dtype=dtype, device=device, backend_options=options
+        )
     max_model_len = engine.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ValueError(

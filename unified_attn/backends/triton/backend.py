@@ -25,8 +25,6 @@ from unified_attn.selector import SelectorConfig, register_backend
 
 MAX_HEAD_SIZE = 256
 MAX_SEGMENTS = 16
-# Batch-invariant split-KV: segments start at multiples of this many keys whatever the batch.
-INVARIANT_SEGMENT = 4096
 
 
 def interpreter_on() -> bool:
@@ -57,9 +55,12 @@ class TritonAttentionBackend(AttentionBackend):
     def supports_batch_invariance(cls) -> bool:
         return True
 
-    def __init__(self, *, batch_invariant: bool = False, **kwargs: Any) -> None:
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        return True
+
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.batch_invariant = batch_invariant
         self.max_num_heads = self.num_kv_heads
         self.scratch = SplitScratch()
         self.split: SplitPlan | None = None
@@ -78,21 +79,19 @@ class TritonAttentionBackend(AttentionBackend):
         self.common = common
         self.block_tables = block_tables
         self.split = self.plan_split(common)
-        if self.split is not None:
-            head_pad = max(16, triton.next_power_of_2(self.head_size))
-            rows = common.num_actual_tokens * self.max_num_heads
+        head_pad = max(16, triton.next_power_of_2(self.head_size))
+        rows = common.num_actual_tokens * self.max_num_heads
+        if for_cudagraph_capture:
+            # A captured graph keeps the scratch's address: size it for any later decode step.
+            self.scratch.ensure(rows, MAX_SEGMENTS, head_pad, common.positions.device)
+        elif self.split is not None:
             self.scratch.ensure(rows, self.split.num_segments, head_pad, common.positions.device)
 
     def plan_split(self, common: CommonAttentionMetadata) -> SplitPlan | None:
         """Split-KV for decode batches that would under-fill the GPU. In batch-invariant mode
-        segments have a fixed size, so a request's split depends only on its own length."""
-        if common.max_query_len != 1:
+        never: a request is then one segment of its own length, whatever the batch."""
+        if common.max_query_len != 1 or self.batch_invariant:
             return None
-        if self.batch_invariant:
-            segments = -(-common.max_seq_len // INVARIANT_SEGMENT)
-            if segments <= 1:
-                return None
-            return SplitPlan(min(triton.next_power_of_2(segments), 64), INVARIANT_SEGMENT)
         programs = common.num_reqs * self.num_kv_heads
         target = 2 * num_multiprocessors(common.positions.device)
         if programs >= target or common.max_seq_len < 1024:
@@ -136,8 +135,9 @@ class TritonAttentionBackend(AttentionBackend):
             soft_cap=layer.logits_soft_cap,
             sinks=None if sinks is None else sinks.float(),
             alibi_slopes=kwargs.get("alibi_slopes"),
-            split=self.split if not self.batch_invariant or self.split else None,
+            split=self.split,
             scratch=self.scratch,
+            batch_invariant=self.batch_invariant,
         )
         return output
 

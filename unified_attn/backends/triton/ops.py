@@ -87,12 +87,22 @@ class SplitScratch:
     max: torch.Tensor | None = None
     sum: torch.Tensor | None = None
 
-    def ensure(self, rows: int, segments: int, head_pad: int, device: torch.device) -> None:
+    def ensure(
+        self, rows: int, segments: int, head_pad: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The three buffers, reallocated only when too small (captured graphs keep them)."""
         need = rows * segments
-        if self.max is None or self.max.numel() < need or self.acc.shape[1] != head_pad:
+        if (
+            self.acc is None
+            or self.max is None
+            or self.sum is None
+            or self.max.numel() < need
+            or self.acc.shape[1] != head_pad
+        ):
             self.acc = torch.empty(need, head_pad, dtype=torch.float32, device=device)
             self.max = torch.empty(need, dtype=torch.float32, device=device)
             self.sum = torch.empty(need, dtype=torch.float32, device=device)
+        return self.acc, self.max, self.sum
 
 
 def unified_attention(
@@ -115,11 +125,14 @@ def unified_attention(
     alibi_slopes: torch.Tensor | None = None,
     split: SplitPlan | None = None,
     scratch: SplitScratch | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Paged attention of `q [T, Hq, D]` over the caches; writes `out [T, Hq, D]`.
 
     Sequence i owns query tokens `[query_start_loc[i], query_start_loc[i + 1])`, and its keys
-    are positions `[0, seq_lens[i])` mapped through `block_table[i]`.
+    are positions `[0, seq_lens[i])` mapped through `block_table[i]`. With `batch_invariant`
+    the tiles never depend on the batch (no split, the prefill tile shape for every row), so a
+    request's output is bitwise the same in any batch.
     """
     num_tokens, num_q_heads, head_size = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -137,24 +150,27 @@ def unified_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     qpk = num_q_heads // num_kv_heads
-    cfg = tile_config(qpk, head_size, max_query_len, q.dtype)
+    if batch_invariant and split is not None:
+        raise ValueError("batch-invariant attention cannot split the KV loop by batch shape")
+    cfg = tile_config(qpk, head_size, 2 if batch_invariant else max_query_len, q.dtype)
     head_pad = max(16, triton.next_power_of_2(head_size))
     block_m = max(cfg.block_m, triton.next_power_of_2(qpk))
     block_q = block_m // qpk
     num_segments, segment = (split.num_segments, split.segment) if split else (1, cfg.tile)
+    dummy = out
+    seg_acc = seg_max = seg_sum = dummy
     if num_segments > 1:
         if scratch is None:
             raise ValueError("split-KV needs a SplitScratch")
-        scratch.ensure(num_tokens * num_q_heads, num_segments, head_pad, q.device)
-    dummy = out
+        seg_acc, seg_max, seg_sum = scratch.ensure(
+            num_tokens * num_q_heads, num_segments, head_pad, q.device
+        )
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_segments)
     unified_attention_kernel[grid](
         out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         sinks if sinks is not None else dummy,
         alibi_slopes if alibi_slopes is not None else dummy,
-        scratch.acc if num_segments > 1 else dummy,
-        scratch.max if num_segments > 1 else dummy,
-        scratch.sum if num_segments > 1 else dummy,
+        seg_acc, seg_max, seg_sum,
         scale, soft_cap or 0.0, num_seqs, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
@@ -168,7 +184,7 @@ def unified_attention(
     )  # fmt: skip
     if num_segments > 1:
         merge_segments_kernel[(num_tokens, num_q_heads)](
-            out, scratch.acc, scratch.max, scratch.sum,
+            out, seg_acc, seg_max, seg_sum,
             sinks if sinks is not None else dummy,
             num_q_heads, out.stride(0), out.stride(1),
             HEAD_SIZE=head_size, HEAD_PAD=head_pad, NUM_SEGMENTS=num_segments,
