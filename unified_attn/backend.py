@@ -91,6 +91,7 @@ class CommonAttentionMetadata:
     max_query_len: int
     max_seq_len: int
     slot_mappings: dict[int, torch.Tensor]  # group id -> [T] int64, -1 = padding
+    block_sizes: dict[int, int] = attrs.Factory(dict)  # group id -> tokens per block
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:

@@ -32,6 +32,7 @@ class DecodeGraphs:
         model: Any,
         backend_groups: list[tuple[AttentionBackend, list[int]]],
         table_widths: list[int],
+        block_sizes: list[int],
         *,
         max_num_seqs: int,
         max_model_len: int,
@@ -40,6 +41,7 @@ class DecodeGraphs:
         self.model = model
         self.backend_groups = backend_groups
         self.max_model_len = max_model_len
+        self.block_sizes = dict(enumerate(block_sizes))
         self.sizes = capture_sizes(max_num_seqs)
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -70,6 +72,7 @@ class DecodeGraphs:
             max_query_len=1,
             max_seq_len=self.max_model_len,  # the split-KV plan must cover any length
             slot_mappings={gid: s[:n] for gid, s in enumerate(self.slots)},
+            block_sizes=self.block_sizes,
         )
 
     def _prep(self, n: int, capture: bool) -> None:

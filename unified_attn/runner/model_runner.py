@@ -89,6 +89,7 @@ class ModelRunner:
                 model,
                 self.backend_groups,
                 widths,
+                self.block_sizes,
                 max_num_seqs=max_num_seqs,
                 max_model_len=max_model_len,
                 device=self.device,
@@ -197,6 +198,7 @@ class ModelRunner:
             max_query_len=max(e.num_new_tokens for e in output.scheduled),
             max_seq_len=max(seq_lens),
             slot_mappings=slot_mappings,
+            block_sizes=dict(enumerate(self.block_sizes)),
         )
         return common, tables, torch.tensor(input_ids, dtype=torch.int64, device=dev), sample_idx
 

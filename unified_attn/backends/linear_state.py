@@ -1,0 +1,150 @@
+"""Gated linear attention whose per-request state lives in KV-cache state blocks.
+
+Per head, with a scalar gate `g_t` in (0, 1) per token:
+    S_t = g_t * S_{t-1} + k_t^T v_t        (S: [D, D], float32)
+    o_t = scale * q_t S_t
+Prefill chunks use the exact chunkwise-parallel form; the state is carried between steps through
+the block of `MambaManager` (mode "none": table column 0; mode "align": read at position
+`(computed - 1) // block_size`, write at `(computed + new - 1) // block_size`, see
+`unified_attn/managers/state.py`). A request with nothing computed starts from zeros.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CacheConfig,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
+from unified_attn.managers import MambaManager
+from unified_attn.selector import SelectorConfig
+from unified_attn.tensor_specs import StateSpec
+
+CHUNK = 64
+
+
+class LinearStateBackend(AttentionBackend):
+    """One instance serves every linear-attention layer with the same head shape."""
+
+    name = "linear-state"
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_size: int,
+        dtype: torch.dtype | str,
+        mamba_cache_mode: Literal["none", "align"] = "align",
+        **options: Any,
+    ) -> None:
+        super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
+        self.num_heads = num_heads
+        self.manager_config = MambaManager.Config(mamba_cache_mode=mamba_cache_mode)
+
+    @classmethod
+    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
+        if cfg.attn_type != AttentionType.DECODER:
+            return [f"attention type {cfg.attn_type.value} is not supported"]
+        return []
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        return True  # every request is computed on its own
+
+    def get_cache_config(self) -> CacheConfig:
+        spec = StateSpec(
+            shapes=[(self.num_heads, self.head_size, self.head_size)], dtypes=["float32"]
+        )
+        return MambaManager, self.manager_config, spec
+
+    def check_layer(self, layer: LayerConfig) -> None:
+        if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
+            raise ValueError(
+                f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
+                f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
+            )
+
+    def prep_forward(
+        self,
+        common: CommonAttentionMetadata,
+        block_tables: dict[int, torch.Tensor],
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        num_reqs = common.num_reqs
+        qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
+        computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
+        self.requests: dict[int, list[tuple[int, int, int | None, int]]] = {}
+        align = self.manager_config.mamba_cache_mode == "align"
+        for gid in set(self.group_of_layer.values()):
+            table = block_tables[gid].cpu().tolist()
+            bs = common.block_sizes[gid]
+            rows = []
+            for i in range(num_reqs):
+                start, end, done = qsl[i], qsl[i + 1], computed[i]
+                if align:
+                    read = table[i][(done - 1) // bs] if done else None
+                    write = table[i][(done + end - start - 1) // bs]
+                else:
+                    read, write = (table[i][0] if done else None), table[i][0]
+                rows.append((start, end, read, write))
+            self.requests[gid] = rows
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        self.states = {name: views[0] for name, views in kv_caches.items()}  # [NB, H, D, D]
+        self.group_of_layer = dict(block_table_map)
+
+    def forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        q, k, v = self.check_forward_inputs(layer, output, query, key, value)
+        log_gate = kwargs["log_gate"]  # [T, H] float32, log g_t <= 0
+        states = self.states[layer.name]
+        out = output.view(q.shape)
+        for start, end, read, write in self.requests[self.group_of_layer[layer.name]]:
+            state = (
+                states[read].clone()
+                if read is not None
+                else torch.zeros(states.shape[1:], dtype=torch.float32, device=q.device)
+            )
+            o, state = gated_linear_attention(
+                q[start:end], k[start:end], v[start:end], log_gate[start:end], state, layer.scale
+            )
+            out[start:end] = o.to(out.dtype)
+            states[write] = state
+        return output
+
+
+def gated_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_gate: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens `[L, H, D]` and log gates `[L, H]` from `state [H, D, D]`: outputs
+    `[L, H, D]` float32 and the final state. Exact chunkwise form, CHUNK tokens at a time."""
+    outputs = []
+    for begin in range(0, q.shape[0], CHUNK):
+        qc, kc, vc = (t[begin : begin + CHUNK].float().transpose(0, 1) for t in (q, k, v))
+        b = torch.cumsum(log_gate[begin : begin + CHUNK].float().transpose(0, 1), dim=-1)
+        # [H, L]: b_t = sum of log gates up to t; decay from s to t is exp(b_t - b_s) <= 1
+        decay = torch.exp(b[:, :, None] - b[:, None, :]).tril()  # [H, L, L]
+        scores = (qc @ kc.transpose(1, 2)) * decay
+        o = scores @ vc + torch.exp(b)[:, :, None] * (qc @ state)
+        outputs.append((scale * o).transpose(0, 1))
+        weights = torch.exp(b[:, -1:] - b)[:, :, None]  # [H, L, 1]
+        state = torch.exp(b[:, -1])[:, None, None] * state + (kc * weights).transpose(1, 2) @ vc
+    return torch.cat(outputs), state
