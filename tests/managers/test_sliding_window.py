@@ -113,3 +113,15 @@ def test_full_sequence_must_fit_refuses_without_changes_when_the_cap_exceeds_the
 def test_window_must_be_positive(window):
     with pytest.raises(ValueError, match="sliding_window"):
         SlidingWindowManager.Config(sliding_window=window)
+
+
+def test_group_stats_count_recycled_and_hit_blocks():
+    m = make_manager(num_blocks=30, block_size=2, groups=[swa(4)])
+    a = make_request(m, "A", range(12))
+    admit(m, a)
+    a.append_output_token_ids(12)
+    step(m, a)  # 12 settled: blocks 0..3 out of the window
+    assert m.group_stats()[0]["blocks_freed_early"] == 4
+    b = make_request(m, "B", [*range(12), 12, 40])
+    admit(m, b)
+    assert m.group_stats()[0]["hit_blocks"] == 2  # only the window run is adopted

@@ -93,6 +93,9 @@ class SingleTypeKVCacheManager(ABC):
         # Blocks of a running request already cached (or skipped); marks "allocated once".
         self.num_cached_block: dict[str, int] = {}
         self.new_block_ids: list[int] = []
+        # Run statistics: blocks recycled before their request ended, blocks adopted from hits.
+        self.num_blocks_freed_early = 0
+        self.num_hit_blocks = 0
 
     # ---- policy hooks ------------------------------------------------------------------------
 
@@ -168,6 +171,7 @@ class SingleTypeKVCacheManager(ABC):
         for i in range(max(start, 0), min(end, len(blocks))):
             blocks[i] = self.null_block
         self.block_pool.touch(blocks)
+        self.num_hit_blocks += sum(1 for b in blocks if not b.is_null)
         self.req_to_blocks[request_id] = blocks
         self.num_cached_block[request_id] = len(blocks)
 
@@ -223,6 +227,7 @@ class SingleTypeKVCacheManager(ABC):
             freed.append(blocks[i])
             blocks[i] = self.null_block
         if freed:
+            self.num_blocks_freed_early += len(freed)
             self.block_pool.free_blocks(freed)
 
     def _skipped_positions(self, blocks: list[KVCacheBlock], num_computed_tokens: int) -> range:

@@ -69,6 +69,19 @@ class KVCacheManager:
         """The block hasher requests must carry for prefix caching with this manager."""
         return request_block_hasher(self.hash_block_size)
 
+    def group_stats(self) -> list[dict[str, object]]:
+        """Per group: the policy, blocks recycled early (windows, chunks, states) and blocks
+        adopted from prefix hits, since startup."""
+        return [
+            {
+                "group_id": gid,
+                "manager": type(m).__name__,
+                "blocks_freed_early": m.num_blocks_freed_early,
+                "hit_blocks": m.num_hit_blocks,
+            }
+            for gid, m in enumerate(self.managers)
+        ]
+
     def max_blocks_per_request(self) -> list[int]:
         """Worst-case blocks of one request per group (admission caps and sizing)."""
         return [m.max_blocks_per_request() for m in self.managers]

@@ -146,6 +146,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self.live_positions[request_id] = [
             i for i in self.live_positions[request_id] if i not in stale
         ]
+        self.num_blocks_freed_early += len(freed)
         self.block_pool.free_blocks(freed)
 
     def free(self, request_id: str) -> None:
