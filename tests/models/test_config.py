@@ -3,7 +3,7 @@
 import attrs
 import pytest
 
-from unified_attn.models import LayerKind, ModelConfig, RopeScaling
+from unified_attn.models import LayerKind, ModelConfig, MoEConfig, RopeScaling
 
 BASE = dict(
     vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2
@@ -59,4 +59,39 @@ def test_invalid_rope_scaling():
     with pytest.raises(ValueError, match="high_freq_factor > low_freq_factor"):
         RopeScaling(factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0)
     with pytest.raises(ValueError, match="rope_type"):
-        RopeScaling(rope_type="yarn", factor=2.0)  # type: ignore[arg-type]
+        RopeScaling(rope_type="dynamic", factor=2.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(mlp_kind="moe"), "mlp_kind='moe' needs a MoEConfig"),
+        (dict(moe=MoEConfig(num_experts=4, top_k=2)), "mlp_kind='swiglu' with moe="),
+        (dict(mlp_kind="relu"), "mlp_kind must be one of"),
+        (dict(norm_style="layernorm"), "norm_style must be one of"),
+        (dict(attn_logit_softcap=0.0), "attn_logit_softcap must be positive"),
+        (dict(final_logit_softcap=-1.0), "final_logit_softcap must be positive"),
+        (dict(query_pre_attn_scalar=0), "query_pre_attn_scalar must be positive"),
+    ],
+)
+def test_invalid_family_features(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{**BASE, **overrides})
+
+
+def test_invalid_moe_config():
+    with pytest.raises(ValueError, match="top_k=5 exceeds num_experts=4"):
+        MoEConfig(num_experts=4, top_k=5)
+
+
+def test_attention_scale_and_sinks_flag():
+    assert ModelConfig(**BASE).attention_scale == 16**-0.5
+    assert ModelConfig(**BASE, query_pre_attn_scalar=256).attention_scale == 256**-0.5
+    sliding = LayerKind.sliding(8, has_sinks=True)
+    assert sliding.has_sinks and sliding != LayerKind.sliding(8)
+    assert not LayerKind.full().has_sinks
+
+
+def test_yarn_rope_scaling_is_accepted():
+    scaling = RopeScaling(rope_type="yarn", factor=32.0, original_max_position_embeddings=4096)
+    assert (scaling.beta_fast, scaling.beta_slow, scaling.truncate) == (32.0, 1.0, True)

@@ -105,3 +105,35 @@ def test_greedy_decode_matches_recompute():
         for _ in range(6):
             seq.append(int(prefill_logits(model, [seq])[0][-1].argmax()))
         assert new == seq[len(prompt) :]
+
+
+def test_gemma_style_norms_init_to_zero_and_sinks_stay_float32():
+    gemma = make_model("gemma2-like")
+    norms = [p for n, p in gemma.named_parameters() if n.endswith("norm.weight")]
+    assert len(norms) == 4 * 4 + 1 and all(torch.equal(p, torch.zeros_like(p)) for p in norms)
+    oss = DecoderModel(get_preset("gpt-oss-like"), ReferenceAttentionBackend, dtype=torch.bfloat16)
+    params = dict(oss.named_parameters())
+    assert params["model.layers.0.self_attn.sinks"].dtype == torch.float32
+    assert params["model.layers.0.mlp.experts.gate_up_proj"].shape == (4, 128, 256)
+    assert params["model.layers.0.mlp.experts.gate_up_proj"].dtype == torch.bfloat16
+
+
+def test_sinks_reach_the_backend():
+    model = make_model("gpt-oss-like")
+    prompt = prompts([40])[0]
+    before = prefill_logits(model, [prompt])[0]
+    with torch.no_grad():
+        model.model.layers[1].self_attn.sinks.add_(3.0)
+    assert (prefill_logits(model, [prompt])[0] - before).abs().max() > 1e-3
+
+
+def test_embed_scale_is_rounded_to_the_model_dtype_as_gemma2():
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    model = DecoderModel(get_preset("gemma2-like"), ReferenceAttentionBackend, dtype=torch.bfloat16)
+    model.init_random_weights(0)
+    theirs = gemma2.Gemma2TextScaledWordEmbedding(384, 128, 0, embed_scale=128**0.5)
+    theirs = theirs.to(torch.bfloat16)
+    theirs.weight.data.copy_(model.model.embed_tokens.weight)
+    ids = torch.arange(384)
+    ours = model.model.embed_tokens(ids) * model.embed_scale
+    assert model.embed_scale != 128**0.5 and torch.equal(ours, theirs(ids))

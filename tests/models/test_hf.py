@@ -144,8 +144,10 @@ def test_unsupported_architecture_names_it_and_the_supported(llama_path):
 
 
 def test_unsupported_rope_type(llama_path):
-    edit_config(llama_path, rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4})
-    with pytest.raises(ValueError, match="RoPE type 'yarn'"):
+    edit_config(
+        llama_path, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    )
+    with pytest.raises(ValueError, match="RoPE type 'dynamic'"):
         load_hf_model(llama_path, ReferenceAttentionBackend)
 
 

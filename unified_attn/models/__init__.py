@@ -1,6 +1,7 @@
-"""Llama-family decoders whose layers attend through shared backend instances."""
+"""Decoders (Llama, Mistral, Qwen2, Gemma 2, GPT-OSS families) whose layers attend through shared
+backend instances."""
 
-from unified_attn.models.config import LayerKind, ModelConfig, RopeScaling
+from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
 from unified_attn.models.decoder import DecoderModel
 from unified_attn.models.hf import load_hf_model
 from unified_attn.models.presets import PRESETS, get_preset
@@ -12,6 +13,7 @@ __all__ = [
     "DecoderModel",
     "HFTokenizer",
     "LayerKind",
+    "MoEConfig",
     "ModelConfig",
     "RopeScaling",
     "Tokenizer",

@@ -7,7 +7,9 @@ from typing import Any, Literal
 import attrs
 
 LayerKindName = Literal["full", "sliding", "chunked"]
-RopeType = Literal["llama3", "linear"]
+RopeType = Literal["llama3", "linear", "yarn"]
+NormStyle = Literal["llama", "gemma", "float32"]
+MLPKind = Literal["swiglu", "geglu", "moe"]
 
 
 def _positive(_instance: object, attribute: attrs.Attribute, value: Any) -> None:
@@ -20,13 +22,16 @@ class LayerKind:
     """How one decoder layer attends.
 
     `full`: every earlier token. `sliding`: a query at position p sees keys `[p - window + 1, p]`.
-    `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. Later per-layer features (soft
-    cap, learned sinks, state layers) are new optional fields here, defaulting to "off".
+    `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. `has_sinks`: the layer owns a
+    learned per-head sink logit (`self_attn.sinks [num_heads]`, GPT-OSS) that takes probability
+    mass without contributing a value. Later per-layer features are new optional fields here,
+    defaulting to "off".
     """
 
     kind: LayerKindName = "full"
     window: int | None = attrs.field(default=None, validator=_positive)
     chunk: int | None = attrs.field(default=None, validator=_positive)
+    has_sinks: bool = attrs.field(default=False, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         needs = {"full": (False, False), "sliding": (True, False), "chunked": (False, True)}
@@ -39,37 +44,65 @@ class LayerKind:
             )
 
     @classmethod
-    def full(cls) -> LayerKind:
-        return cls("full")
+    def full(cls, *, has_sinks: bool = False) -> LayerKind:
+        return cls("full", has_sinks=has_sinks)
 
     @classmethod
-    def sliding(cls, window: int) -> LayerKind:
-        return cls("sliding", window=window)
+    def sliding(cls, window: int, *, has_sinks: bool = False) -> LayerKind:
+        return cls("sliding", window=window, has_sinks=has_sinks)
 
     @classmethod
-    def chunked(cls, chunk: int) -> LayerKind:
-        return cls("chunked", chunk=chunk)
+    def chunked(cls, chunk: int, *, has_sinks: bool = False) -> LayerKind:
+        return cls("chunked", chunk=chunk, has_sinks=has_sinks)
 
 
 @attrs.frozen(kw_only=True)
 class RopeScaling:
-    """RoPE frequency scaling. `llama3`: Llama 3.1 smooth scaling; `linear`: divide by factor."""
+    """RoPE frequency scaling. `llama3`: Llama 3.1 smooth scaling; `linear`: divide by factor;
+    `yarn`: YaRN (GPT-OSS), interpolation blended by a ramp between the `beta_fast` and `beta_slow`
+    rotation counts, and cos/sin multiplied by an attention factor (given, or from `factor`,
+    `mscale` and `mscale_all_dim` as transformers infers it)."""
 
     rope_type: RopeType = "llama3"
     factor: float = attrs.field(validator=_positive)
     low_freq_factor: float = attrs.field(default=1.0, validator=_positive)
     high_freq_factor: float = attrs.field(default=4.0, validator=_positive)
     original_max_position_embeddings: int = attrs.field(default=8192, validator=_positive)
+    beta_fast: float = attrs.field(default=32.0, validator=_positive)
+    beta_slow: float = attrs.field(default=1.0, validator=_positive)
+    truncate: bool = True
+    attention_factor: float | None = attrs.field(default=None, validator=_positive)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.rope_type not in ("llama3", "linear"):
+        if self.rope_type not in ("llama3", "linear", "yarn"):
             raise ValueError(
-                f"RopeScaling.rope_type must be 'llama3' or 'linear', got {self.rope_type!r}"
+                "RopeScaling.rope_type must be 'llama3', 'linear' or 'yarn', got "
+                f"{self.rope_type!r}"
             )
         if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError(
                 f"llama3 RoPE scaling needs high_freq_factor > low_freq_factor, got "
                 f"{self.high_freq_factor} <= {self.low_freq_factor}"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class MoEConfig:
+    """GPT-OSS mixture of experts: a linear router (with bias) picks `top_k` of `num_experts` per
+    token and softmaxes their logits; each expert is a clamped SwiGLU of `intermediate_size`:
+    `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` with `g = clamp(gate, max=limit)`."""
+
+    num_experts: int = attrs.field(validator=_positive)
+    top_k: int = attrs.field(validator=_positive)
+    swiglu_alpha: float = attrs.field(default=1.702, validator=_positive)
+    swiglu_limit: float = attrs.field(default=7.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"MoEConfig: top_k={self.top_k} exceeds num_experts={self.num_experts}"
             )
 
 
@@ -83,7 +116,15 @@ def _as_eos(value: Any) -> int | tuple[int, ...] | None:
 
 @attrs.frozen(kw_only=True)
 class ModelConfig:
-    """A Llama-family decoder. `layer_kinds` defaults to all full attention."""
+    """A Llama-family decoder. `layer_kinds` defaults to all full attention.
+
+    Family features, all off by default (Llama): `norm_style` (`gemma`: scale by `1 + weight` in
+    float32; `float32`: scale in float32, then cast), `post_norms` (Gemma 2's four norms per
+    layer: attention and MLP outputs are normed before the residual add), `embed_scale` (embedding
+    multiplied by it, rounded to the model dtype), `query_pre_attn_scalar` (attention scale
+    `scalar ** -0.5` instead of `head_size ** -0.5`), `attn_logit_softcap` / `final_logit_softcap`
+    (`cap * tanh(x / cap)` on attention scores / output logits), `mlp_kind` with `moe`.
+    """
 
     vocab_size: int = attrs.field(validator=_positive)
     hidden_size: int = attrs.field(validator=_positive)
@@ -100,6 +141,14 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v projections (Qwen2, Llama attention_bias)
     attention_output_bias: bool = False  # o_proj (Llama attention_bias)
     mlp_bias: bool = False
+    mlp_kind: MLPKind = "swiglu"
+    moe: MoEConfig | None = None  # required by (and only by) mlp_kind="moe"
+    norm_style: NormStyle = "llama"
+    post_norms: bool = False
+    embed_scale: float | None = attrs.field(default=None, validator=_positive)
+    query_pre_attn_scalar: float | None = attrs.field(default=None, validator=_positive)
+    attn_logit_softcap: float | None = attrs.field(default=None, validator=_positive)
+    final_logit_softcap: float | None = attrs.field(default=None, validator=_positive)
     layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_as_layer_kinds)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = attrs.field(default=None, converter=_as_eos)
@@ -123,6 +172,7 @@ class ModelConfig:
             raise ValueError(
                 f"model {self.name}: RoPE needs an even head_size, got {self.head_size}"
             )
+        self._check_features()
         if len(self.layer_kinds) != self.num_layers:
             raise ValueError(
                 f"model {self.name}: {len(self.layer_kinds)} layer_kinds for num_layers="
@@ -134,6 +184,28 @@ class ModelConfig:
                     f"model {self.name}: special token id {token} is outside the vocabulary "
                     f"[0, {self.vocab_size})"
                 )
+
+    def _check_features(self) -> None:
+        choices = {
+            "mlp_kind": ("swiglu", "geglu", "moe"),
+            "norm_style": ("llama", "gemma", "float32"),
+        }
+        for field, valid in choices.items():
+            if getattr(self, field) not in valid:
+                raise ValueError(
+                    f"model {self.name}: {field} must be one of {valid}, got "
+                    f"{getattr(self, field)!r}"
+                )
+        if (self.mlp_kind == "moe") != (self.moe is not None):
+            raise ValueError(
+                f"model {self.name}: mlp_kind={self.mlp_kind!r} with moe={self.moe}; "
+                "mlp_kind='moe' needs a MoEConfig, the other kinds none"
+            )
+
+    @property
+    def attention_scale(self) -> float:
+        base = self.head_size if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+        return float(base**-0.5)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -1,6 +1,7 @@
 """`DecoderModel`: a Llama-family decoder whose layers attend through shared backend instances.
 
-Parameter names are Hugging Face's Llama names, so a checkpoint loads as a plain state dict.
+Parameter names are Hugging Face's (Llama, Gemma 2, GPT-OSS), so a checkpoint loads as a plain
+state dict.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.models.config import LayerKind, ModelConfig
-from unified_attn.models.layers import DecoderLayer, RMSNorm, RotaryEmbedding, make_layer_config
+from unified_attn.models.layers import (
+    FLOAT32_PARAMS,
+    DecoderLayer,
+    RMSNorm,
+    make_layer_config,
+    norm_identity,
+)
+from unified_attn.models.rope import RotaryEmbedding
 
 BackendKey = tuple[int | None, int | None]  # (sliding_window, attention_chunk_size)
 
@@ -32,17 +40,18 @@ class _Backbone(nn.Module):
         self.layers = nn.ModuleList(
             DecoderLayer(
                 config,
+                kind,
                 make_layer_config(config, i, kind),
                 backends[_backend_key(kind)],
                 self.rotary_emb,
             )
             for i, kind in enumerate(config.layer_kinds)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_style)
 
 
 class DecoderModel(nn.Module):
-    """Inference-only decoder. Weights start as zeros (norms as ones): call
+    """Inference-only decoder. Weights start as zeros (norms as the identity): call
     `init_random_weights` or load a state dict (see `load_hf_model`)."""
 
     def __init__(
@@ -65,8 +74,11 @@ class DecoderModel(nn.Module):
                 if config.tie_word_embeddings
                 else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
             )
-        self.to(dtype=dtype).to_empty(device=device)
+        self.to(dtype=dtype)
+        self._keep_float32_params()
+        self.to_empty(device=device)
         self.model.rotary_emb.reset_buffers(device)
+        self.embed_scale = _in_dtype(config.embed_scale, dtype)
         self._fill_constant()
         self.requires_grad_(False)
 
@@ -100,17 +112,25 @@ class DecoderModel(nn.Module):
             attn = cast(DecoderLayer, layer).self_attn
             yield attn.layer_config, attn.backend
 
-    def _fill_constant(self) -> None:
+    def _keep_float32_params(self) -> None:
         for name, param in self.named_parameters():
-            param.data.fill_(1.0 if _is_norm(name) else 0.0)
+            if name.endswith(FLOAT32_PARAMS):
+                param.data = param.data.float()
+
+    def _fill_constant(self) -> None:
+        identity = norm_identity(self.config.norm_style)
+        for name, param in self.named_parameters():
+            param.data.fill_(identity if _is_norm(name) else 0.0)
 
     @torch.no_grad()
     def init_random_weights(self, seed: int) -> None:
-        """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32, norms = 1."""
+        """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32, norms the
+        identity (1, or 0 for the Gemma norm style)."""
         gen = torch.Generator().manual_seed(seed)
+        identity = norm_identity(self.config.norm_style)
         for name, param in self.named_parameters():
             if _is_norm(name):
-                param.fill_(1.0)
+                param.fill_(identity)
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
 
@@ -120,16 +140,30 @@ class DecoderModel(nn.Module):
 
         The step's metadata must already be in the backends (`prep_forward`)."""
         hidden = self.model.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
         for layer in self.model.layers:
             hidden = layer(positions, hidden)
         return self.model.norm(hidden)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32."""
+        """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32 (soft-capped in the
+        model dtype with `final_logit_softcap`, as transformers)."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return nn.functional.linear(hidden, head.weight).float()
+        logits = nn.functional.linear(hidden, head.weight)
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
 
 def _is_norm(param_name: str) -> bool:
     return param_name.endswith("norm.weight")
+
+
+def _in_dtype(value: float | None, dtype: torch.dtype) -> float | None:
+    """`value` rounded to `dtype` (via float32), as transformers' Gemma embedding scale buffer."""
+    if value is None:
+        return None
+    return float(torch.tensor(value, dtype=torch.float32).to(dtype))

@@ -1,102 +1,42 @@
-"""Building blocks of a Llama-family decoder layer, numerically matching Hugging Face's Llama."""
+"""Norm, attention and decoder layer, numerically matching transformers' Llama, Gemma 2, GPT-OSS."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
-from unified_attn.models.config import LayerKind, ModelConfig, RopeScaling
+from unified_attn.models.config import LayerKind, ModelConfig, NormStyle
+from unified_attn.models.mlp import make_mlp
+from unified_attn.models.rope import RotaryEmbedding
+
+# Parameter-name suffixes kept in float32 whatever the model dtype (sinks: the backend contract).
+FLOAT32_PARAMS = ("self_attn.sinks",)
+
+
+def norm_identity(style: NormStyle) -> float:
+    """The weight value that makes an RMSNorm of `style` a pure normalisation."""
+    return 0.0 if style == "gemma" else 1.0
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    """Normalise in float32; `style` says how the weight scales, each as its transformers class:
+    `llama`: `weight * x.to(dtype)`; `float32`: `(weight * x).to(dtype)` (GPT-OSS);
+    `gemma`: `(x * (1 + weight)).to(dtype)` in float32, so a zero weight is the identity."""
+
+    def __init__(self, hidden_size: int, eps: float, style: NormStyle = "llama") -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.full((hidden_size,), norm_identity(style)))
+        self.eps, self.style = eps, style
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32, scale in the input dtype (as transformers does).
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.style == "gemma":
+            return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        if self.style == "float32":
+            return (self.weight * xf).to(x.dtype)
         return self.weight * xf.to(x.dtype)
-
-
-def rope_inv_freq(head_size: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
-    """Inverse frequencies `[head_size // 2]` float32, computed exactly as transformers does."""
-    exponents = torch.arange(0, head_size, 2, dtype=torch.int64).float() / head_size
-    inv_freq = 1.0 / (theta**exponents)
-    if scaling is None:
-        return inv_freq
-    if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
-    return _llama3_scale(inv_freq, scaling)
-
-
-def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
-    # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
-    old_len = s.original_max_position_embeddings
-    low_freq_wavelen = old_len / s.low_freq_factor
-    high_freq_wavelen = old_len / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate_half) RoPE over the whole head."""
-
-    inv_freq: torch.Tensor
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.register_buffer("inv_freq", self._compute(), persistent=False)
-
-    def _compute(self) -> torch.Tensor:
-        cfg = self.config
-        return rope_inv_freq(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
-
-    def reset_buffers(self, device: torch.device | str) -> None:
-        """Recompute `inv_freq` in float32 on `device` (after meta construction or a cast)."""
-        self.inv_freq = self._compute().to(device)
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        freqs = positions[:, None].float() * self.inv_freq.float()  # [T, D / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q `[T, Hq, D]`, k `[T, Hkv, D]` -> rotated, same shapes and dtype."""
-        cos, sin = self.cos_sin(positions, q.dtype)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-
-
-class MLP(nn.Module):
-    """SwiGLU: `down(silu(gate(x)) * up(x))`."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias)
-        self.down_proj = nn.Linear(inter, hidden, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> LayerConfig:
@@ -105,8 +45,9 @@ def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> Layer
         num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads,
         head_size=config.head_size,
-        scale=config.head_size**-0.5,
+        scale=config.attention_scale,
         sliding_window=kind.window,
+        logits_soft_cap=config.attn_logit_softcap,
         chunk_size=kind.chunk,
     )
 
@@ -114,9 +55,12 @@ def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> Layer
 class Attention(nn.Module):
     """Projections and RoPE here; the attention itself (and the KV cache) in the backend."""
 
+    sinks: nn.Parameter | None
+
     def __init__(
         self,
         config: ModelConfig,
+        kind: LayerKind,
         layer_config: LayerConfig,
         backend: AttentionBackend,
         rotary_emb: RotaryEmbedding,
@@ -132,6 +76,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=o_bias)
+        # [num_heads] learned sink logits (GPT-OSS), float32 (see FLOAT32_PARAMS)
+        self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if kind.has_sinks else None
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """positions `[T]`, hidden `[T, hidden_size]` -> `[T, hidden_size]`."""
@@ -144,27 +90,44 @@ class Attention(nn.Module):
         output = torch.empty(
             num_tokens, lc.num_heads * lc.head_size, dtype=hidden.dtype, device=hidden.device
         )
-        self.backend.forward(lc, output, q, k, v)
+        if self.sinks is None:
+            self.backend.forward(lc, output, q, k, v)
+        else:
+            self.backend.forward(lc, output, q, k, v, sinks=self.sinks)
         return self.o_proj(output)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: attention, then SwiGLU MLP."""
+    """Pre-norm residual block: attention, then the MLP of `mlp_kind`.
+
+    With `post_norms` (Gemma 2) the attention and MLP outputs are normed as well, before their
+    residual adds: `post_attention_layernorm` then norms the attention output and
+    `pre_feedforward_layernorm` the MLP input (transformers' names)."""
 
     def __init__(
         self,
         config: ModelConfig,
+        kind: LayerKind,
         layer_config: LayerConfig,
         backend: AttentionBackend,
         rotary_emb: RotaryEmbedding,
     ) -> None:
         super().__init__()
-        eps, hidden = config.rms_norm_eps, config.hidden_size
-        self.self_attn = Attention(config, layer_config, backend, rotary_emb)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(hidden, eps)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        eps, hidden, style = config.rms_norm_eps, config.hidden_size, config.norm_style
+        self.post_norms = config.post_norms
+        self.self_attn = Attention(config, kind, layer_config, backend, rotary_emb)
+        self.mlp = make_mlp(config)
+        self.input_layernorm = RMSNorm(hidden, eps, style)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, style)
+        if self.post_norms:
+            self.pre_feedforward_layernorm = RMSNorm(hidden, eps, style)
+            self.post_feedforward_layernorm = RMSNorm(hidden, eps, style)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden))
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(positions, self.input_layernorm(hidden))
+        if not self.post_norms:
+            hidden = hidden + attn
+            return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + self.post_attention_layernorm(attn)
+        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
+        return hidden + self.post_feedforward_layernorm(mlp)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from unified_attn.models.config import LayerKind, ModelConfig
+from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
 
 # Byte tokenizer layout shared by the presets: ids 0..255 are bytes, then the specials.
 BYTE_BOS_ID = 256
@@ -26,6 +26,58 @@ _TINY_LLAMA = ModelConfig(
     eos_token_id=BYTE_EOS_ID,
 )
 
+
+def _alternate(
+    local: LayerKind, full: LayerKind, num_layers: int, period: int = 2
+) -> tuple[LayerKind, ...]:
+    """`period - 1` local layers, then one full layer, repeated: the families' layer patterns."""
+    return tuple(full if (i + 1) % period == 0 else local for i in range(num_layers))
+
+
+# Real families' layer patterns and features at tiny-llama's sizes (windows and chunks scaled
+# down, so prompts of a few hundred tokens cross them).
+_MISTRAL_LIKE = attrs.evolve(
+    _TINY_LLAMA,
+    name="mistral-like",
+    tie_word_embeddings=False,
+    layer_kinds=(LayerKind.sliding(64),) * 4,
+)
+_GEMMA2_LIKE = attrs.evolve(
+    _TINY_LLAMA,
+    name="gemma2-like",
+    mlp_kind="geglu",
+    norm_style="gemma",
+    post_norms=True,
+    embed_scale=128**0.5,
+    query_pre_attn_scalar=32.0,
+    attn_logit_softcap=50.0,
+    final_logit_softcap=30.0,
+    layer_kinds=_alternate(LayerKind.sliding(64), LayerKind.full(), 4),
+)
+_GPT_OSS_LIKE = attrs.evolve(
+    _TINY_LLAMA,
+    name="gpt-oss-like",
+    intermediate_size=128,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    attention_output_bias=True,
+    mlp_kind="moe",
+    moe=MoEConfig(num_experts=4, top_k=2),
+    norm_style="float32",
+    rope_theta=150000.0,
+    rope_scaling=RopeScaling(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=512, truncate=False
+    ),
+    layer_kinds=_alternate(
+        LayerKind.sliding(128, has_sinks=True), LayerKind.full(has_sinks=True), 4
+    ),
+)
+_LLAMA4_LIKE = attrs.evolve(
+    _TINY_LLAMA,
+    name="llama4-like",
+    layer_kinds=_alternate(LayerKind.chunked(64), LayerKind.full(), 4, period=4),
+)
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny-llama": _TINY_LLAMA,
     # Three backend instances: full, sliding 32 (layers 1 and 3), chunked 64.
@@ -39,6 +91,10 @@ PRESETS: dict[str, ModelConfig] = {
             LayerKind.sliding(32),
         ),
     ),
+    "mistral-like": _MISTRAL_LIKE,
+    "gemma2-like": _GEMMA2_LIKE,
+    "gpt-oss-like": _GPT_OSS_LIKE,
+    "llama4-like": _LLAMA4_LIKE,
 }
 
 

@@ -1,0 +1,115 @@
+"""Rotary position embeddings (default, llama3, linear, YaRN), numerically as transformers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from unified_attn.models.config import ModelConfig, RopeScaling
+
+
+def rope_inv_freq(head_size: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+    """Inverse frequencies `[head_size // 2]` float32, computed exactly as transformers does."""
+    exponents = torch.arange(0, head_size, 2, dtype=torch.int64).float() / head_size
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    if scaling.rope_type == "yarn":
+        return _yarn_inv_freq(head_size, theta, scaling)
+    return _llama3_scale(inv_freq, scaling)
+
+
+def rope_attention_scaling(scaling: RopeScaling | None) -> float:
+    """Factor transformers multiplies cos and sin by: YaRN's mscale, 1.0 for the other types."""
+    if scaling is None or scaling.rope_type != "yarn":
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    if scaling.mscale and scaling.mscale_all_dim:
+        numerator = _yarn_mscale(scaling.factor, scaling.mscale)
+        return float(numerator / _yarn_mscale(scaling.factor, scaling.mscale_all_dim))
+    return _yarn_mscale(scaling.factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _llama3_scale(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    # Long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    old_len = s.original_max_position_embeddings
+    low_freq_wavelen = old_len / s.low_freq_factor
+    high_freq_wavelen = old_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_correction_dim(rotations: float, dim: int, base: float, old_len: int) -> float:
+    """The dimension whose wavelength fits `rotations` times into the original context."""
+    return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def _yarn_inv_freq(dim: int, base: float, s: RopeScaling) -> torch.Tensor:
+    # Dimensions rotating more than beta_fast times in the original context keep their frequency
+    # (extrapolation), those rotating less than beta_slow times are divided by `factor`
+    # (interpolation), a linear ramp blends between.
+    old_len = s.original_max_position_embeddings
+    low = _yarn_correction_dim(s.beta_fast, dim, base, old_len)
+    high = _yarn_correction_dim(s.beta_slow, dim, base, old_len)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s.factor * pos_freqs)
+    extrapolation_factor = 1 - ramp
+    return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style (rotate_half) RoPE over the whole head."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.attention_scaling = rope_attention_scaling(config.rope_scaling)
+        self.register_buffer("inv_freq", self._compute(), persistent=False)
+
+    def _compute(self) -> torch.Tensor:
+        cfg = self.config
+        return rope_inv_freq(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+
+    def reset_buffers(self, device: torch.device | str) -> None:
+        """Recompute `inv_freq` in float32 on `device` (after meta construction or a cast)."""
+        self.inv_freq = self._compute().to(device)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        freqs = positions[:, None].float() * self.inv_freq.float()  # [T, D / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+        return cos.to(dtype), sin.to(dtype)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q `[T, Hq, D]`, k `[T, Hkv, D]` -> rotated, same shapes and dtype."""
+        cos, sin = self.cos_sin(positions, q.dtype)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
