@@ -5,20 +5,16 @@ import pytest
 import torch
 
 from tests.models.hf_models import hf_logits, make_hf_model, save_hf_model
+from tests.models.test_hf import LLAMA3
+from tests.models.test_hf_families import make_family_model
 from unified_attn import LLMEngine, SamplingParams
 
-LLAMA3 = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
 CASES = {
     "llama": ("llama", dict(num_hidden_layers=2, rope_parameters=LLAMA3)),
     "qwen2": ("qwen2", dict(num_hidden_layers=2)),
     "mistral-window": ("mistral", dict(num_hidden_layers=2, sliding_window=12)),
+    "gemma2": ("family", {}),  # window 8, soft caps, Gemma norms
+    "gpt-oss": ("family", {}),  # window 8, learned sinks, MoE, YaRN
 }
 NUM_TOKENS = 32
 
@@ -26,7 +22,10 @@ NUM_TOKENS = 32
 @pytest.fixture(scope="module", params=sorted(CASES))
 def checkpoint(request, tmp_path_factory):
     model_type, overrides = CASES[request.param]
-    hf = make_hf_model(model_type, **overrides)
+    if model_type == "family":
+        hf = make_family_model(request.param)
+    else:
+        hf = make_hf_model(model_type, **overrides)
     return hf, save_hf_model(hf, tmp_path_factory.mktemp(request.param))
 
 

@@ -34,18 +34,19 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def selector_configs(config: ModelConfig, dtype: torch.dtype, engine: Any) -> list[SelectorConfig]:
     """One SelectorConfig per distinct attention kind of the model."""
     invariant = engine.batch_invariant or batch_invariant_from_env()
-    kinds = dict.fromkeys((kind.window, kind.chunk) for kind in config.layer_kinds)
+    kinds = dict.fromkeys((k.window, k.chunk, k.has_sinks) for k in config.layer_kinds)
     return [
         SelectorConfig(
             head_size=config.head_size,
             dtype=dtype,
             block_size=engine.block_size,
+            has_sinks=sinks,
             sliding_window=window,
             attention_chunk_size=chunk,
             device=engine.device,
             use_batch_invariant=invariant,
         )
-        for window, chunk in kinds
+        for window, chunk, sinks in kinds
     ]
 
 
