@@ -20,6 +20,7 @@ from unified_attn.managers import (
     FullAttentionManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
+    StreamingSinkManager,
 )
 from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, as_dtype
 
@@ -113,6 +114,7 @@ class AttentionBackend(ABC):
         attention_chunk_size: int | None = None,
         kv_cache_dtype: str = "auto",
         batch_invariant: bool = False,
+        num_sink_tokens: int = 0,
         **options: Any,
     ) -> None:
         if sliding_window is not None and attention_chunk_size is not None:
@@ -127,8 +129,15 @@ class AttentionBackend(ABC):
         self.sliding_window = sliding_window
         self.attention_chunk_size = attention_chunk_size
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else as_dtype(kv_cache_dtype)
+        if num_sink_tokens < 0 or (num_sink_tokens and sliding_window is None):
+            raise ValueError(
+                f"{type(self).__name__}: num_sink_tokens={num_sink_tokens} needs a sliding "
+                "window and must be >= 0 (StreamingLLM keeps the first tokens plus a window)"
+            )
         # Backends that support it compute every request independently of the batch.
         self.batch_invariant = batch_invariant
+        # StreamingLLM: queries also see the first `num_sink_tokens` tokens, kept forever.
+        self.num_sink_tokens = num_sink_tokens
         self.options = options
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.group_of_layer: dict[str, int] = {}
@@ -166,9 +175,12 @@ class AttentionBackend(ABC):
     def get_cache_config(self) -> CacheConfig:
         """`(manager_cls, manager_cls.Config(...), tensor spec)`; pure: same triple every call."""
         manager: type[SingleTypeKVCacheManager]
-        if self.sliding_window is not None:
+        if self.sliding_window is not None and self.num_sink_tokens:
+            manager = StreamingSinkManager
+            config: Any = StreamingSinkManager.Config(self.num_sink_tokens, self.sliding_window)
+        elif self.sliding_window is not None:
             manager = SlidingWindowManager
-            config: Any = SlidingWindowManager.Config(sliding_window=self.sliding_window)
+            config = SlidingWindowManager.Config(sliding_window=self.sliding_window)
         elif self.attention_chunk_size is not None:
             manager = ChunkedLocalAttentionManager
             config = ChunkedLocalAttentionManager.Config(

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from unified_attn.harness import conformance, migration
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-prefix-caching", action="store_true")
     run.add_argument("--batch-invariant", action="store_true")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
+    migration.add_parser(commands)
+    conformance.add_parser(commands)
     return parser
 
 
@@ -164,6 +167,12 @@ def print_report(report: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command != "run":  # migrate, check: exit 0 = pass, 1 = mismatch or failure
+        try:
+            return int(args.handler(args))
+        except ValueError as error:
+            print(f"unified-attn: error: {error}", file=sys.stderr)
+            return 2
     try:
         report = run(args)
     except ValueError as error:

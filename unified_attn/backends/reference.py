@@ -120,6 +120,7 @@ class ReferenceAttentionBackend(AttentionBackend):
                 self.decode_valid,
                 sinks,
                 alibi,
+                self.num_sink_tokens,
             )[:, 0]
         for i in self.prefill_rows:
             start, end = self.query_ranges[i]
@@ -127,21 +128,30 @@ class ReferenceAttentionBackend(AttentionBackend):
             k_seq = cache[key_blocks, 0, key_offsets]  # [S, Hkv, D]
             v_seq = cache[key_blocks, 1, key_offsets]
             out[start:end] = attend(
-                layer, q[start:end], k_seq, v_seq, self.computed[i], sinks, alibi
+                layer,
+                q[start:end],
+                k_seq,
+                v_seq,
+                self.computed[i],
+                sinks,
+                alibi,
+                self.num_sink_tokens,
             )
         return output
 
 
 def attention_mask(
-    layer: LayerConfig, query_pos: torch.Tensor, key_pos: torch.Tensor
+    layer: LayerConfig, query_pos: torch.Tensor, key_pos: torch.Tensor, sink_tokens: int = 0
 ) -> torch.Tensor:
-    """`[..., L, S]` True where a query at `query_pos [..., L]` may attend to `key_pos [S]`."""
+    """`[..., L, S]` True where a query at `query_pos [..., L]` may attend to `key_pos [S]`.
+    With `sink_tokens` (StreamingLLM), the first keys stay visible outside the window."""
     diff = query_pos[..., :, None] - key_pos
     allowed = diff >= 0 if layer.causal else torch.ones_like(diff, dtype=torch.bool)
     if layer.sliding_window is not None:  # a query sees itself plus W - 1 earlier keys
-        allowed &= diff < layer.sliding_window
+        in_window = diff < layer.sliding_window
         if not layer.causal:
-            allowed &= diff > -layer.sliding_window
+            in_window &= diff > -layer.sliding_window
+        allowed &= in_window | (key_pos < sink_tokens)
     if layer.chunk_size is not None:
         allowed &= query_pos[..., :, None] // layer.chunk_size == key_pos // layer.chunk_size
     return allowed
@@ -155,13 +165,14 @@ def attend(
     first_query_pos: int,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sink_tokens: int = 0,
 ) -> torch.Tensor:
     """Attention of queries `[L, Hq, D]` at positions `first_query_pos + i` over keys/values
     `[S, Hkv, D]` at positions `0..S-1`. Returns `[L, Hq, D]` in q's dtype."""
     query_pos = torch.arange(q.shape[0], device=q.device) + first_query_pos
     valid = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
     return attend_batch(
-        layer, q[None], k[None], v[None], query_pos[None], valid, sinks, alibi_slopes
+        layer, q[None], k[None], v[None], query_pos[None], valid, sinks, alibi_slopes, sink_tokens
     )[0]
 
 
@@ -174,6 +185,7 @@ def attend_batch(
     key_valid: torch.Tensor,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    sink_tokens: int = 0,
 ) -> torch.Tensor:
     """Batched attention in float32: q `[B, L, Hq, D]` at `query_pos [B, L]`, k/v
     `[B, S, Hkv, D]` at positions `0..S-1` where `key_valid [B, S]`. Returns `[B, L, Hq, D]`."""
@@ -187,7 +199,7 @@ def attend_batch(
     if alibi_slopes is not None:
         distance = key_pos - query_pos[..., None]  # [B, L, S]
         scores = scores + alibi_slopes.float()[None, :, None, None] * distance[:, None]
-    mask = attention_mask(layer, query_pos, key_pos) & key_valid[:, None, :]  # [B, L, S]
+    mask = attention_mask(layer, query_pos, key_pos, sink_tokens) & key_valid[:, None, :]
     scores = scores.masked_fill(~mask[:, None], float("-inf"))
     # Keys no query may see can hold anything (stale or aliased blocks, even NaN bits), and
     # 0 * NaN = NaN: zero their values.

@@ -118,8 +118,9 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
-        """Reserve slots for `num_new_tokens`; returns the newly allocated blocks per group,
-        or None (with nothing changed) when the pool cannot hold them."""
+        """Reserve slots for `num_new_tokens`; returns the entries appended to each group's
+        block table (new blocks; null padding where a policy skips positions), or None (with
+        nothing changed) when the pool cannot hold them."""
         total_computed = request.num_computed_tokens + num_new_computed_tokens
         if (
             num_new_tokens <= 0

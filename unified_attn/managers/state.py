@@ -89,22 +89,26 @@ class MambaManager(SingleTypeKVCacheManager):
         self.live_positions[request_id] = [i for i, b in enumerate(blocks) if not b.is_null]
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Returns every entry appended to the table: in align mode the null padding before
+        the new state block too, so a runner appending them keeps positions right."""
         blocks = self.req_to_blocks.setdefault(request_id, [])
         self.num_cached_block.setdefault(request_id, len(blocks))
         if not self.align:
             if blocks:
                 return []
             new_blocks = self.block_pool.get_new_blocks(self.max_blocks_per_request())
-        else:
-            last = cdiv(num_tokens, self.block_size) - 1
-            if last < len(blocks):
-                return []
-            new_blocks = self.block_pool.get_new_blocks(1)
-            blocks.extend([self.null_block] * (last - len(blocks)))
-            self.live_positions.setdefault(request_id, []).append(last)
-        blocks.extend(new_blocks)
-        self._record_new(new_blocks)
-        return new_blocks
+            blocks.extend(new_blocks)
+            self._record_new(new_blocks)
+            return new_blocks
+        last = cdiv(num_tokens, self.block_size) - 1
+        if last < len(blocks):
+            return []
+        (state_block,) = self.block_pool.get_new_blocks(1)
+        appended = [self.null_block] * (last - len(blocks)) + [state_block]
+        blocks.extend(appended)
+        self.live_positions.setdefault(request_id, []).append(last)
+        self._record_new([state_block])
+        return appended
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the checkpoint when this step ends exactly on an aligned block boundary."""

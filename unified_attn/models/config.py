@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-LayerKindName = Literal["full", "sliding", "chunked"]
+LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear"]
 RopeType = Literal["llama3", "linear", "yarn"]
 NormStyle = Literal["llama", "gemma", "float32"]
 MLPKind = Literal["swiglu", "geglu", "moe"]
@@ -22,7 +22,10 @@ class LayerKind:
     """How one decoder layer attends.
 
     `full`: every earlier token. `sliding`: a query at position p sees keys `[p - window + 1, p]`.
-    `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. `has_sinks`: the layer owns a
+    `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. `streaming` (StreamingLLM):
+    the window plus the first `sink_tokens` tokens, kept forever (`StreamingSinkManager`).
+    `linear`: gated linear attention whose state lives in KV-cache state blocks
+    (`LinearStateBackend`, `MambaManager`). `has_sinks`: the layer owns a
     learned per-head sink logit (`self_attn.sinks [num_heads]`, GPT-OSS) that takes probability
     mass without contributing a value. Later per-layer features are new optional fields here,
     defaulting to "off".
@@ -32,15 +35,28 @@ class LayerKind:
     window: int | None = attrs.field(default=None, validator=_positive)
     chunk: int | None = attrs.field(default=None, validator=_positive)
     has_sinks: bool = attrs.field(default=False, kw_only=True)
+    sink_tokens: int = attrs.field(default=0, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
-        needs = {"full": (False, False), "sliding": (True, False), "chunked": (False, True)}
+        needs = {
+            "full": (False, False),
+            "sliding": (True, False),
+            "chunked": (False, True),
+            "streaming": (True, False),
+            "linear": (False, False),
+        }
         if self.kind not in needs:
             raise ValueError(f"LayerKind.kind must be one of {sorted(needs)}, got {self.kind!r}")
         if needs[self.kind] != (self.window is not None, self.chunk is not None):
             raise ValueError(
                 f"LayerKind({self.kind!r}) got window={self.window}, chunk={self.chunk}: "
-                "'sliding' needs exactly a window, 'chunked' exactly a chunk, 'full' neither"
+                "'sliding' and 'streaming' need exactly a window, 'chunked' exactly a chunk, "
+                "'full' and 'linear' neither"
+            )
+        if (self.kind == "streaming") != (self.sink_tokens > 0) or self.sink_tokens < 0:
+            raise ValueError(
+                f"LayerKind({self.kind!r}) got sink_tokens={self.sink_tokens}: only 'streaming' "
+                "layers keep sink tokens, and they need at least one"
             )
 
     @classmethod
@@ -54,6 +70,14 @@ class LayerKind:
     @classmethod
     def chunked(cls, chunk: int, *, has_sinks: bool = False) -> LayerKind:
         return cls("chunked", chunk=chunk, has_sinks=has_sinks)
+
+    @classmethod
+    def streaming(cls, window: int, sink_tokens: int) -> LayerKind:
+        return cls("streaming", window=window, sink_tokens=sink_tokens)
+
+    @classmethod
+    def linear(cls) -> LayerKind:
+        return cls("linear")
 
 
 @attrs.frozen(kw_only=True)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.backends.linear_state import LinearStateBackend
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.layers import (
     FLOAT32_PARAMS,
@@ -23,11 +24,17 @@ from unified_attn.models.layers import (
 )
 from unified_attn.models.rope import RotaryEmbedding
 
-BackendKey = tuple[int | None, int | None]  # (sliding_window, attention_chunk_size)
+# (kind, sliding_window, attention_chunk_size, sink tokens): layers with equal keys share a backend
+BackendKey = tuple[str, int | None, int | None, int]
 
 
 def _backend_key(kind: LayerKind) -> BackendKey:
-    return kind.window, kind.chunk
+    return (
+        ("linear" if kind.kind == "linear" else "attention"),
+        kind.window,
+        kind.chunk,
+        kind.sink_tokens,
+    )
 
 
 class _Backbone(nn.Module):
@@ -89,16 +96,25 @@ class DecoderModel(nn.Module):
         dtype: torch.dtype,
         options: dict[str, Any],
     ) -> dict[BackendKey, AttentionBackend]:
-        """One instance per distinct (window, chunk), in first-seen layer order."""
+        """One instance per distinct attention kind, in first-seen layer order. Linear layers
+        use the state backend whatever attention backend was selected."""
         backends: dict[BackendKey, AttentionBackend] = {}
         for kind in config.layer_kinds:
-            if _backend_key(kind) not in backends:
-                backends[_backend_key(kind)] = backend_cls(
+            key = _backend_key(kind)
+            if key in backends:
+                continue
+            if kind.kind == "linear":
+                backends[key] = LinearStateBackend(
+                    num_heads=config.num_heads, head_size=config.head_size, dtype=dtype, **options
+                )
+            else:
+                backends[key] = backend_cls(
                     num_kv_heads=config.num_kv_heads,
                     head_size=config.head_size,
                     dtype=dtype,
                     sliding_window=kind.window,
                     attention_chunk_size=kind.chunk,
+                    num_sink_tokens=kind.sink_tokens,
                     **options,
                 )
         return backends
@@ -110,7 +126,7 @@ class DecoderModel(nn.Module):
     def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
         for layer in self.model.layers:
             attn = cast(DecoderLayer, layer).self_attn
-            yield attn.layer_config, attn.backend
+            yield cast(LayerConfig, attn.layer_config), cast(AttentionBackend, attn.backend)
 
     def _keep_float32_params(self) -> None:
         for name, param in self.named_parameters():

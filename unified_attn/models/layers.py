@@ -7,6 +7,7 @@ from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.models.config import LayerKind, ModelConfig, NormStyle
+from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import make_mlp
 from unified_attn.models.rope import RotaryEmbedding
 
@@ -40,10 +41,11 @@ class RMSNorm(nn.Module):
 
 
 def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> LayerConfig:
+    linear = kind.kind == "linear"  # state layers: one "KV" head per query head, no window
     return LayerConfig(
         name=f"model.layers.{index}.self_attn",
         num_heads=config.num_heads,
-        num_kv_heads=config.num_kv_heads,
+        num_kv_heads=config.num_heads if linear else config.num_kv_heads,
         head_size=config.head_size,
         scale=config.attention_scale,
         sliding_window=kind.window,
@@ -115,7 +117,11 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, hidden, style = config.rms_norm_eps, config.hidden_size, config.norm_style
         self.post_norms = config.post_norms
-        self.self_attn = Attention(config, kind, layer_config, backend, rotary_emb)
+        self.self_attn: nn.Module
+        if kind.kind == "linear":
+            self.self_attn = LinearAttention(config, layer_config, backend)
+        else:
+            self.self_attn = Attention(config, kind, layer_config, backend, rotary_emb)
         self.mlp = make_mlp(config)
         self.input_layernorm = RMSNorm(hidden, eps, style)
         self.post_attention_layernorm = RMSNorm(hidden, eps, style)

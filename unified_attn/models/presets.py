@@ -78,6 +78,19 @@ _LLAMA4_LIKE = attrs.evolve(
     layer_kinds=_alternate(LayerKind.chunked(64), LayerKind.full(), 4, period=4),
 )
 
+# State layers (gated linear attention, `MambaManager` in align mode) between full layers.
+_HYBRID_LINEAR = attrs.evolve(
+    _TINY_LLAMA,
+    name="hybrid-linear",
+    layer_kinds=(LayerKind.linear(), LayerKind.full(), LayerKind.linear(), LayerKind.full()),
+)
+
+# StreamingLLM: every layer sees the first 4 tokens plus a 64-token window, so a request holds
+# a bounded number of blocks however long it runs (`StreamingSinkManager`).
+_STREAMING_LLM = attrs.evolve(
+    _TINY_LLAMA, name="streaming-llm", layer_kinds=(LayerKind.streaming(64, 4),) * 4
+)
+
 PRESETS: dict[str, ModelConfig] = {
     "tiny-llama": _TINY_LLAMA,
     # Three backend instances: full, sliding 32 (layers 1 and 3), chunked 64.
@@ -95,6 +108,8 @@ PRESETS: dict[str, ModelConfig] = {
     "gemma2-like": _GEMMA2_LIKE,
     "gpt-oss-like": _GPT_OSS_LIKE,
     "llama4-like": _LLAMA4_LIKE,
+    "hybrid-linear": _HYBRID_LINEAR,
+    "streaming-llm": _STREAMING_LLM,
 }
 
 

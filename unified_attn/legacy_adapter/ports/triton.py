@@ -1,0 +1,180 @@
+"""`LegacyTritonBackend`: the Triton kernels behind the four legacy classes.
+
+The builder copies the group's batch into its metadata every step and plans split-KV for
+decode batches too small to fill the GPU (its scratch buffers live in the builder); the
+per-layer impl launches `write_kv_cache` and `unified_attention`. Cache layout:
+`[2, num_blocks, block_size, Hkv, D]`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import torch
+import triton
+
+from unified_attn.backend import AttentionType
+from unified_attn.backends.triton.ops import (
+    SUPPORTED_DTYPES,
+    SplitPlan,
+    SplitScratch,
+    unified_attention,
+    write_kv_cache,
+)
+from unified_attn.legacy_adapter.interfaces import (
+    LegacyAttentionBackend,
+    LegacyAttentionImpl,
+    LegacyAttentionLayer,
+    LegacyAttentionMetadata,
+    LegacyAttentionMetadataBuilder,
+    LegacyCommonAttentionMetadata,
+)
+from unified_attn.legacy_adapter.specs import AttentionSpec
+
+MAX_SEGMENTS = 16
+SPLIT_MIN_SEQ_LEN = 1024  # shorter decode batches are never worth a second kernel
+
+
+@attrs.frozen
+class LegacyTritonMetadata(LegacyAttentionMetadata):
+    num_actual_tokens: int
+    num_reqs: int
+    max_query_len: int
+    query_start_loc: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_table: torch.Tensor  # [B, max_blocks] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    attention_chunk_size: int | None
+    split: SplitPlan | None
+    scratch: SplitScratch
+
+
+class LegacyTritonMetadataBuilder(LegacyAttentionMetadataBuilder[LegacyTritonMetadata]):
+    def __init__(
+        self, kv_cache_spec: AttentionSpec, layer_names: list[str], device: torch.device
+    ) -> None:
+        super().__init__(kv_cache_spec, layer_names, device)
+        self.scratch = SplitScratch()  # grown by the first split launch, then reused
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: LegacyCommonAttentionMetadata
+    ) -> LegacyTritonMetadata:
+        cm = common_attn_metadata
+        return LegacyTritonMetadata(
+            num_actual_tokens=cm.num_actual_tokens,
+            num_reqs=cm.num_reqs,
+            max_query_len=cm.max_query_len,
+            query_start_loc=cm.query_start_loc,
+            seq_lens=cm.seq_lens,
+            block_table=cm.block_table_tensor,
+            slot_mapping=cm.slot_mapping,
+            attention_chunk_size=getattr(self.kv_cache_spec, "attention_chunk_size", None),
+            split=self._plan_split(cm),
+            scratch=self.scratch,
+        )
+
+    def _plan_split(self, cm: LegacyCommonAttentionMetadata) -> SplitPlan | None:
+        if cm.max_query_len != 1 or cm.max_seq_len < SPLIT_MIN_SEQ_LEN:
+            return None
+        programs = cm.num_reqs * self.kv_cache_spec.num_kv_heads
+        target = 2 * _num_sms(self.device)
+        if programs >= target:
+            return None
+        segments = min(MAX_SEGMENTS, triton.next_power_of_2(-(-target // programs)))
+        segment = _cdiv(_cdiv(cm.max_seq_len, segments), 64) * 64
+        return SplitPlan(segments, segment)
+
+
+class LegacyTritonImpl(LegacyAttentionImpl[LegacyTritonMetadata]):
+    # Kernel-ready float32 copies, made on the first forward (the launcher wants float32).
+    sinks_f32: torch.Tensor | None = None
+    alibi: torch.Tensor | None = None
+
+    def forward(
+        self,
+        layer: LegacyAttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: LegacyTritonMetadata,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        md = attn_metadata
+        n = md.num_actual_tokens
+        key_cache, value_cache = kv_cache.unbind(0)  # [num_blocks, block_size, Hkv, D] each
+        write_kv_cache(key[:n], value[:n], key_cache, value_cache, md.slot_mapping[:n])
+        unified_attention(
+            query[:n], key_cache, value_cache, output[:n],
+            query_start_loc=md.query_start_loc, seq_lens=md.seq_lens,
+            block_table=md.block_table, num_seqs=md.num_reqs, max_query_len=md.max_query_len,
+            scale=self.scale, causal=True, window=self.sliding_window,
+            chunk=md.attention_chunk_size, soft_cap=self.logits_soft_cap,
+            sinks=self._sinks(), alibi_slopes=self._alibi(query.device),
+            split=md.split, scratch=md.scratch,
+        )  # fmt: skip
+        return output
+
+    def _sinks(self) -> torch.Tensor | None:
+        if self.sinks is not None and self.sinks_f32 is None:
+            self.sinks_f32 = self.sinks.float()
+        return self.sinks_f32
+
+    def _alibi(self, device: torch.device) -> torch.Tensor | None:
+        if self.alibi_slopes is not None and self.alibi is None:
+            self.alibi = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=device)
+        return self.alibi
+
+
+class LegacyTritonBackend(LegacyAttentionBackend):
+    supported_dtypes = SUPPORTED_DTYPES
+
+    @staticmethod
+    def get_name() -> str:
+        return "triton"
+
+    @staticmethod
+    def get_impl_cls() -> type[LegacyTritonImpl]:
+        return LegacyTritonImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[LegacyTritonMetadataBuilder]:
+        return LegacyTritonMetadataBuilder
+
+    @staticmethod
+    def get_metadata_cls() -> type[LegacyTritonMetadata]:
+        return LegacyTritonMetadata
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return list(range(16, 257, 16))
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: AttentionType) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_device(cls, device_type: str) -> bool:
+        interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        return device_type == "cuda" or (device_type == "cpu" and interpreter)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number exercises the split path
+    return torch.cuda.get_device_properties(device).multi_processor_count
