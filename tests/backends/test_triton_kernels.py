@@ -37,7 +37,7 @@ def strided_caches(num_blocks, block_size, num_kv_heads, head_size, dtype):
 
 def run_case(
     *, hq, hkv, d, bs, computed, new, dtype, window=None, chunk=None, soft_cap=None,
-    sinks=False, split=None, seed=0,
+    sinks=False, split=None, seed=0, sink_tokens=0,
 ):  # fmt: skip
     torch.manual_seed(seed)
     num_blocks = sum(-(-(c + n) // bs) for c, n in zip(computed, new, strict=True)) + 8
@@ -63,12 +63,13 @@ def run_case(
         query_start_loc=batch.common.query_start_loc, seq_lens=batch.common.seq_lens,
         block_table=batch.block_table, num_seqs=len(new), max_query_len=max(new),
         scale=layer.scale, window=window, chunk=chunk, soft_cap=soft_cap, sinks=sink_t,
-        split=split, scratch=SplitScratch(),
+        split=split, scratch=SplitScratch(), sink_tokens=sink_tokens,
     )  # fmt: skip
     start = 0
     for i, (c, n) in enumerate(zip(computed, new, strict=True)):
         expected = attend(layer, q[start : start + n].float(), batch.k_full[i].float(),
-                          batch.v_full[i].float(), c, sinks=sink_t)  # fmt: skip
+                          batch.v_full[i].float(), c, sinks=sink_t,
+                          sink_tokens=sink_tokens)  # fmt: skip
         got = out[start : start + n].float()
         assert torch.isfinite(got).all(), f"request {i}: unwritten or NaN output"
         err = (got - expected).abs().max().item()
@@ -106,6 +107,15 @@ def test_block_sizes_and_windows(bs, window):
 def test_features(features):
     run_case(hq=4, hkv=1, d=64, bs=16, computed=MIXED[0], new=MIXED[1], dtype=DTYPES[0],
              **features)  # fmt: skip
+
+
+@pytest.mark.parametrize("split", [None, SplitPlan(num_segments=4, segment=32)])
+def test_streaming_sink_tokens(split):
+    computed, new = ([70, 3, 129, 0], [1, 1, 1, 1]) if split else MIXED
+    run_case(hq=4, hkv=2, d=64, bs=16, computed=computed, new=new, dtype=DTYPES[0], window=20,
+             sink_tokens=20, split=split)  # fmt: skip
+    run_case(hq=4, hkv=2, d=64, bs=16, computed=computed, new=new, dtype=DTYPES[0], window=8,
+             sink_tokens=5, split=split)  # fmt: skip
 
 
 @pytest.mark.parametrize("sinks", [False, True])

@@ -6,6 +6,7 @@ import torch
 
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.backends.triton.ops import unified_attention
+from unified_attn.models import PRESETS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -92,3 +93,17 @@ def test_bf16_engine_first_token_logits_stay_close_to_the_reference():
     _, ref = generate(dtype="bfloat16", backend="reference")
     for a, b in zip(fast, ref, strict=True):
         assert (a.logits[0] - b.logits[0]).abs().max() < 0.1  # same prompt, bf16 rounding
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_runs_on_triton_with_the_reference_outputs(preset):
+    prompts = [[(11 * i + j) % 256 for j in range(90 + 17 * i)] for i in range(4)]
+    params = SamplingParams(max_tokens=16, ignore_eos=True, return_logits=True)
+    outputs = {}
+    for backend in ("triton", "reference"):
+        engine = LLMEngine(preset, device="cuda", dtype="float32", backend=backend,
+                           kv_cache_memory="256MiB", max_num_batched_tokens=64)  # fmt: skip
+        outputs[backend] = engine.generate(prompts, params)
+    for a, b in zip(outputs["triton"], outputs["reference"], strict=True):
+        assert a.output_token_ids == b.output_token_ids
+        assert (a.logits - b.logits).abs().max() < 1e-3

@@ -135,6 +135,7 @@ class TritonAttentionBackend(AttentionBackend):
             soft_cap=layer.logits_soft_cap,
             sinks=None if sinks is None else sinks.float(),
             alibi_slopes=kwargs.get("alibi_slopes"),
+            sink_tokens=self.num_sink_tokens,
             split=self.split,
             scratch=self.scratch,
             batch_invariant=self.batch_invariant,

@@ -69,6 +69,7 @@ def unified_attention_kernel(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,  # 0: none; else a query sees keys q - WINDOW < k <= q
     CHUNK: tl.constexpr,  # 0: none; else keys of the query's own chunk
+    SINK_TOKENS: tl.constexpr,  # StreamingLLM: the first keys stay visible outside the window
     USE_SINKS: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
@@ -119,10 +120,20 @@ def unified_attention_kernel(
         key_lo = first_pos // CHUNK * CHUNK
         if not CAUSAL:
             key_hi = tl.minimum((last_pos // CHUNK + 1) * CHUNK, seq_len)
+    # StreamingLLM sink tokens below the window: a second key range [sink_lo, sink_hi).
+    sink_lo = 0
+    sink_hi = 0
+    if SINK_TOKENS > 0:
+        sink_hi = tl.minimum(tl.minimum(SINK_TOKENS, key_lo), key_hi)
     if NUM_SEGMENTS > 1:
-        key_lo = tl.maximum(key_lo, segment * SEGMENT)
+        seg_lo = segment * SEGMENT
+        seg_hi = key_hi
         if segment < NUM_SEGMENTS - 1:  # the last segment takes every key left
-            key_hi = tl.minimum(key_hi, (segment + 1) * SEGMENT)
+            seg_hi = tl.minimum(key_hi, (segment + 1) * SEGMENT)
+        key_lo = tl.maximum(key_lo, seg_lo)
+        key_hi = seg_hi
+        sink_lo = tl.maximum(sink_lo, seg_lo)
+        sink_hi = tl.minimum(sink_hi, seg_hi)
 
     if USE_SINKS and NUM_SEGMENTS == 1:
         # The sink is a virtual key with no value: the running max starts at its logit and
@@ -137,9 +148,19 @@ def unified_attention_kernel(
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0).to(tl.float32)
 
     offs_t = tl.arange(0, TILE)
-    for tile_start in range(key_lo // TILE * TILE, key_hi, TILE):
+    sink_start = sink_lo // TILE * TILE
+    num_sink_tiles = tl.maximum(tl.cdiv(sink_hi - sink_start, TILE), 0)
+    main_start = key_lo // TILE * TILE
+    num_tiles = num_sink_tiles + tl.maximum(tl.cdiv(key_hi - main_start, TILE), 0)
+    for t in range(0, num_tiles):
+        in_sinks = t < num_sink_tiles
+        tile_start = tl.where(
+            in_sinks, sink_start + t * TILE, main_start + (t - num_sink_tiles) * TILE
+        )
+        lo = tl.where(in_sinks, sink_lo, key_lo)
+        hi = tl.where(in_sinks, sink_hi, key_hi)
         key_pos = tile_start + offs_t
-        key_valid = (key_pos >= key_lo) & (key_pos < key_hi)
+        key_valid = (key_pos >= lo) & (key_pos < hi)
         block = tl.load(
             block_table_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_valid, other=0
         ).to(tl.int64)
@@ -163,9 +184,10 @@ def unified_attention_kernel(
         if CAUSAL:
             visible &= key_pos[None, :] <= q_pos[:, None]
         if WINDOW > 0:
-            visible &= q_pos[:, None] - key_pos[None, :] < WINDOW
+            in_window = q_pos[:, None] - key_pos[None, :] < WINDOW
             if not CAUSAL:
-                visible &= key_pos[None, :] - q_pos[:, None] < WINDOW
+                in_window &= key_pos[None, :] - q_pos[:, None] < WINDOW
+            visible &= in_window | (key_pos[None, :] < SINK_TOKENS)
         if CHUNK > 0:
             visible &= key_pos[None, :] // CHUNK == q_pos[:, None] // CHUNK
         s = tl.where(visible, s, float("-inf"))
