@@ -173,3 +173,12 @@ class TestFreeQueue:
         queue.popleft()
         with pytest.raises(RuntimeError, match="not in the free queue"):
             queue.remove(blocks[0])
+
+
+def test_a_failed_free_changes_nothing():
+    pool = BlockPool(4)
+    a, b = pool.get_new_blocks(2)
+    pool.free_blocks([b])
+    with pytest.raises(RuntimeError, match="already free"):
+        pool.free_blocks([a, b])
+    assert a.ref_cnt == 1 and queue_ids(pool) == [2, 3]

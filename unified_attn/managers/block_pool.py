@@ -177,13 +177,13 @@ class BlockPool:
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference per block; pass blocks in eviction order (a request's tail first)."""
-        unhashed: list[KVCacheBlock] = []
-        hashed: list[KVCacheBlock] = []
-        for block in ordered_blocks:
-            if block.is_null:
-                continue
+        blocks = [b for b in ordered_blocks if not b.is_null]
+        for block in blocks:  # check all first: a failed call changes nothing
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"free_blocks: block {block.block_id} is already free")
+        unhashed: list[KVCacheBlock] = []
+        hashed: list[KVCacheBlock] = []
+        for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 (hashed if block.block_hash is not None else unhashed).append(block)
