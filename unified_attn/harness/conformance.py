@@ -26,7 +26,11 @@ import torch
 
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
 from unified_attn.backends.reference import ReferenceAttentionBackend
-from unified_attn.legacy_adapter import resolve_any_backend
+from unified_attn.legacy_adapter import (
+    LegacyAttentionBackend,
+    LegacyBackendAdapter,
+    resolve_any_backend,
+)
 from unified_attn.selector import SelectorConfig, backend_reasons
 
 GROUP_ID = 3  # not 0: backends must key everything by the group they are given
@@ -368,13 +372,18 @@ def where(err: torch.Tensor, step: Step, cell: Cell, index: int, num_steps: int)
 
 
 def run_conformance(
-    backend: str | type[AttentionBackend],
+    backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
     device: str = "cpu",
     cells: tuple[Cell, ...] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every cell of the grid (plus half-precision cells on CUDA); `report["ok"]`."""
-    backend_cls = resolve_any_backend(backend) if isinstance(backend, str) else backend
+    if isinstance(backend, str):
+        backend_cls = resolve_any_backend(backend)
+    elif issubclass(backend, LegacyAttentionBackend):
+        backend_cls = LegacyBackendAdapter.wrap(backend)
+    else:
+        backend_cls = backend
     if cells is None:
         cells = GRID + (CUDA_CELLS if torch.device(device).type == "cuda" else ())
     rows = [run_cell(backend_cls, cell, device, seed) for cell in cells]

@@ -80,7 +80,9 @@ class EngineRun:
 
 
 def engine_backend_name(cls: type[AttentionBackend]) -> str:
-    """A name `LLMEngine(backend=...)` resolves to exactly `cls` (registering it if needed)."""
+    """What `LLMEngine(backend=...)` resolves to exactly `cls`: its `module:Class` path, or for a
+    class made at run time (a legacy class wrapped by `resolve_any_backend`) its name, which is
+    then registered with an empty priority map (by name only, never chosen automatically)."""
     path = f"{cls.__module__}:{cls.__qualname__}"
     try:
         if resolve_backend(path) is cls:
@@ -88,13 +90,13 @@ def engine_backend_name(cls: type[AttentionBackend]) -> str:
     except (ImportError, AttributeError, ValueError):
         pass
     taken = registered_backends().get(cls.name)
-    if taken is None:
-        register_backend(priority={})(cls)  # by name only, never auto-selected
-    elif taken is not cls:
+    same_port = getattr(taken, "legacy_backend", None) is getattr(cls, "legacy_backend", cls)
+    if taken is not None and taken is not cls and not same_port:
         raise ValueError(
             f"backend name {cls.name!r} is taken by {taken.__qualname__}; give "
             f"{cls.__qualname__} a distinct name (for a legacy backend: get_name())"
         )
+    register_backend(priority={})(cls)
     return cls.name
 
 
@@ -280,26 +282,40 @@ def decode_budget(probe: LLMEngine, num_requests: int, tokens: int) -> int:
     return plan.bytes_per_block * blocks
 
 
-def time_prep_forward(engine: LLMEngine, steps: int, warmup: int = 3) -> dict[str, list[float]]:
-    """µs per decode step of `runner.prepare_inputs` and of the flat `prep_forward` loop.
-    Scheduling is not timed; the same steps on two engines see identical scheduler outputs."""
+def time_decode_step(engine: LLMEngine, token: int) -> tuple[float, float]:
+    """One more decode step (every running request gets `token`): µs of
+    `runner.prepare_inputs` and of the flat `prep_forward` loop. Scheduling is not timed, and
+    engines in the same state see identical scheduler outputs."""
     runner, scheduler = engine.runner, engine.scheduler
-    times: dict[str, list[float]] = {"prepare_inputs": [], "prep_forward": []}
+    for request in scheduler.running:
+        request.append_output_token_ids(token)
+    output = scheduler.schedule()
+    t0 = time.perf_counter_ns()
+    common, tables, _ids, _sample = runner.prepare_inputs(output)
+    t1 = time.perf_counter_ns()
+    for backend, gids in runner.backend_groups:
+        backend.prep_forward(common, {gid: tables[gid] for gid in gids})
+    if common.positions.is_cuda:
+        torch.cuda.synchronize()
+    t2 = time.perf_counter_ns()
+    return (t1 - t0) / 1e3, (t2 - t1) / 1e3
+
+
+def time_prep_forward(
+    engines: dict[str, LLMEngine], steps: int, warmup: int = 3
+) -> dict[str, dict[str, list[float]]]:
+    """Per engine, µs per decode step of `prepare_inputs` and `prep_forward`; the engines take
+    turns every step (in alternating order) so that drift on the machine hits them alike."""
+    times: dict[str, dict[str, list[float]]] = {
+        side: {"prepare_inputs": [], "prep_forward": []} for side in engines
+    }
+    sides = list(engines)
     for step in range(warmup + steps):
-        for request in scheduler.running:
-            request.append_output_token_ids(step % 256)
-        output = scheduler.schedule()
-        t0 = time.perf_counter_ns()
-        common, tables, _ids, _sample = runner.prepare_inputs(output)
-        t1 = time.perf_counter_ns()
-        for backend, gids in runner.backend_groups:
-            backend.prep_forward(common, {gid: tables[gid] for gid in gids})
-        if common.positions.is_cuda:
-            torch.cuda.synchronize()
-        t2 = time.perf_counter_ns()
-        if step >= warmup:
-            times["prepare_inputs"].append((t1 - t0) / 1e3)
-            times["prep_forward"].append((t2 - t1) / 1e3)
+        for side in sides if step % 2 else sides[::-1]:
+            prepare, prep = time_decode_step(engines[side], step % 256)
+            if step >= warmup:
+                times[side]["prepare_inputs"].append(prepare)
+                times[side]["prep_forward"].append(prep)
     return times
 
 
@@ -313,11 +329,14 @@ def host_time(
         "max_model_len": 2 * context,
         "kv_cache_memory": decode_budget(probe, num_requests, context + steps + 4),
     }
-    medians = {}
-    for side, name in names.items():
-        engine = decode_engine(name, model, num_requests, context, **kwargs)
-        times = time_prep_forward(engine, steps)
-        medians[side] = {k: statistics.median(v) for k, v in times.items()}
+    engines = {
+        side: decode_engine(name, model, num_requests, context, **kwargs)
+        for side, name in names.items()
+    }
+    medians = {
+        side: {key: statistics.median(values) for key, values in times.items()}
+        for side, times in time_prep_forward(engines, steps).items()
+    }
     return {
         "what": f"median µs per decode step ({num_requests} requests, {context}-token context) "
         "of runner.prepare_inputs and of the prep_forward loop; no model forward",

@@ -1,19 +1,22 @@
 """Two backends ported the four-class way, and their adapters.
 
-Importing this module registers `legacy-reference` and `legacy-triton` with the selector under
-an empty priority map: reachable by name (`LLMEngine(backend="legacy-reference")`, the CLI) or
-as `unified_attn.legacy_adapter.ports:LegacyReferenceAdapter`, never chosen automatically.
+`LegacyReferenceAdapter` and `LegacyTritonAdapter` are ordinary `AttentionBackend` classes: pass
+them as `unified_attn.legacy_adapter.ports:LegacyReferenceAdapter` wherever a backend is named
+(`LLMEngine(backend=...)`, the CLI). They are not registered with the selector, so importing this
+module changes no automatic choice and no list of valid names; the harness commands also accept
+their names, `legacy-reference` and `legacy-triton` (see `resolve_any_backend`).
 """
 
 from __future__ import annotations
 
 from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter
 from unified_attn.legacy_adapter.ports.reference import LegacyReferenceBackend
-from unified_attn.selector import register_backend
 
-LegacyReferenceAdapter = register_backend(priority={})(
-    LegacyBackendAdapter.wrap(LegacyReferenceBackend)
-)
+
+class LegacyReferenceAdapter(LegacyBackendAdapter):
+    legacy_backend = LegacyReferenceBackend
+    name = "legacy-reference"
+
 
 __all__ = ["LegacyReferenceAdapter", "LegacyReferenceBackend"]
 
@@ -22,7 +25,9 @@ try:  # Triton is Linux-only: without it only the reference port exists.
 except ImportError:  # pragma: no cover
     pass
 else:
-    LegacyTritonAdapter = register_backend(priority={})(
-        LegacyBackendAdapter.wrap(LegacyTritonBackend)
-    )
+
+    class LegacyTritonAdapter(LegacyBackendAdapter):
+        legacy_backend = LegacyTritonBackend
+        name = "legacy-triton"
+
     __all__ += ["LegacyTritonAdapter", "LegacyTritonBackend"]

@@ -5,8 +5,8 @@ A program owns BLOCK_Q query tokens of one sequence times the QPK query heads of
 is an upper bound on query blocks (`num_tokens // BLOCK_Q + num_seqs`); a program finds its
 sequence by binary search over `query_start_loc` and exits when idle. Windows and chunks bound the
 KV loop. With NUM_SEGMENTS > 1 (split-KV, decode), segment s covers keys
-`[s * SEGMENT, (s + 1) * SEGMENT)` (the last one everything after) and stores an unnormalised
-partial result that `merge_segments_kernel` combines.
+`[s * segment_len, (s + 1) * segment_len)` (the last one everything after) and stores an
+unnormalised partial result that `merge_segments_kernel` combines.
 """
 
 import triton
@@ -46,6 +46,7 @@ def unified_attention_kernel(
     soft_cap,
     num_seqs,
     num_q_heads,
+    segment_len,  # keys per split-KV segment (runtime: no recompile per context length)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -74,7 +75,6 @@ def unified_attention_kernel(
     USE_ALIBI: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
-    SEGMENT: tl.constexpr,  # keys per segment (split-KV), a multiple of TILE
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact float32 dots, else "tf32"
 ):
     q_block = tl.program_id(0)
@@ -126,10 +126,10 @@ def unified_attention_kernel(
     if SINK_TOKENS > 0:
         sink_hi = tl.minimum(tl.minimum(SINK_TOKENS, key_lo), key_hi)
     if NUM_SEGMENTS > 1:
-        seg_lo = segment * SEGMENT
+        seg_lo = segment * segment_len
         seg_hi = key_hi
         if segment < NUM_SEGMENTS - 1:  # the last segment takes every key left
-            seg_hi = tl.minimum(key_hi, (segment + 1) * SEGMENT)
+            seg_hi = tl.minimum(key_hi, (segment + 1) * segment_len)
         key_lo = tl.maximum(key_lo, seg_lo)
         key_hi = seg_hi
         sink_lo = tl.maximum(sink_lo, seg_lo)
