@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from unified_attn.harness import conformance, migration
+from unified_attn.harness import conformance, migration, plan
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
     migration.add_parser(commands)
     conformance.add_parser(commands)
+    plan.add_parser(commands)
     return parser
 
 
@@ -118,6 +119,7 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
             "hit_rate": prefix.hit_rate,
         },
         "preemptions": engine.scheduler.num_preemptions,
+        "groups_at_runtime": engine.kv_cache_manager.group_stats(),
         "steps": stats.steps,
         "prefill_tokens": stats.prefill_tokens,
         "generated_tokens": stats.generated_tokens,
@@ -139,12 +141,15 @@ def print_report(report: dict) -> None:
     console = Console()
     kv = report["kv_cache"]
     groups = Table(title="KV-cache groups", title_justify="left")
-    for column in ("group", "manager", "config", "layers", "page bytes", "blocks/request"):
+    columns = ("group", "manager", "config", "layers", "page bytes", "blocks/request",
+               "freed early", "hit blocks")  # fmt: skip
+    for column in columns:
         groups.add_column(column)
-    for g in kv["groups"]:
+    for g, live in zip(kv["groups"], report["groups_at_runtime"], strict=True):
         groups.add_row(str(g["group_id"]), g["manager"], str(g["config"] or ""),
                        str(len(g["layers"])), f"{g['page_bytes']:,}",
-                       str(g["blocks_per_request"]))  # fmt: skip
+                       str(g["blocks_per_request"]), f"{live['blocks_freed_early']:,}",
+                       f"{live['hit_blocks']:,}")  # fmt: skip
     console.print(groups)
     summary = Table(title="Run", title_justify="left", show_header=False)
     rows = [
@@ -167,7 +172,7 @@ def print_report(report: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command != "run":  # migrate, check: exit 0 = pass, 1 = mismatch or failure
+    if args.command != "run":  # migrate, check, plan: exit 0 = pass, 1 = mismatch or failure
         try:
             return int(args.handler(args))
         except ValueError as error:

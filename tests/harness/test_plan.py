@@ -32,3 +32,26 @@ def test_alternating_layers_form_two_equal_groups_aliasing_one_buffer():
     cap = capacity(REAL_SHAPES["gemma2-9b"], 10 * GIB, 32768, max_in_flight_tokens=2048)
     assert [len(g.layers) for g in cap.plan.groups] == [21, 21]
     assert cap.plan.wasted_bytes_per_block() == [0, 0]
+
+
+def test_plan_command_json(capsys):
+    import json
+
+    from unified_attn.cli import main
+
+    argv = ["plan", "--model", "gemma2-like", "--kv-cache-memory", "64MiB", "--max-model-len",
+            "2048", "--max-num-batched-tokens", "64", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["capacity_ratio"] > 1.0
+    assert [g["manager"] for g in report["hybrid"]["groups"]] == [
+        "SlidingWindowManager",
+        "FullAttentionManager",
+    ]
+
+
+def test_plan_command_rejects_unknown_models(capsys):
+    from unified_attn.cli import main
+
+    assert main(["plan", "--model", "no-such-model"]) == 2
+    assert "real-model shape" in capsys.readouterr().err

@@ -3,6 +3,7 @@ memory budget, and the same model with full attention on every layer for compari
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import attrs
@@ -148,3 +149,108 @@ def compare(
         "theoretical_ratio": ideal,
         "fraction_of_theoretical_gain": (achieved - 1) / (ideal - 1) if ideal > 1 else 1.0,
     }
+
+
+# ---- the `unified-attn plan` command ---------------------------------------------------------
+
+
+def resolve_model_config(name: str) -> ModelConfig:
+    """A preset, a real-model shape (REAL_SHAPES) or a Hugging Face checkpoint directory."""
+    from pathlib import Path
+
+    from unified_attn.models import PRESETS, get_preset
+    from unified_attn.models.hf import config_from_hf, read_hf_config
+
+    if name in PRESETS:
+        return get_preset(name)
+    if name in REAL_SHAPES:
+        return REAL_SHAPES[name]
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return config_from_hf(read_hf_config(path), name=path.name)
+    raise ValueError(
+        f"model {name!r} is not a preset ({', '.join(sorted(PRESETS))}), a real-model shape "
+        f"({', '.join(sorted(REAL_SHAPES))}) or a checkpoint directory"
+    )
+
+
+def add_parser(commands: Any) -> None:
+    plan = commands.add_parser("plan", help="KV-cache groups and capacity, next to full allocation")
+    plan.add_argument("--model", default="gpt-oss-20b", help="preset, real shape or checkpoint")
+    plan.add_argument("--kv-cache-memory", default="40GiB")
+    plan.add_argument("--max-model-len", type=int, default=32768)
+    plan.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                      help="tokens in flight per request (sizes window groups)")  # fmt: skip
+    plan.add_argument("--dtype", default="bfloat16")
+    plan.add_argument("--block-size", type=int, default=None)
+    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--png", default=None, help="write capacity vs context length here")
+    plan.set_defaults(handler=main)
+
+
+def main(args: Any) -> int:
+    from unified_attn.runner.engine import parse_memory
+    from unified_attn.tensor_specs import as_dtype
+
+    config = resolve_model_config(args.model)
+    memory = parse_memory(args.kv_cache_memory)
+    kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
+                  max_in_flight_tokens=args.max_num_batched_tokens)  # fmt: skip
+    report = compare(config, memory, args.max_model_len, **kwargs)  # type: ignore[arg-type]
+    if args.png:
+        report["png"] = plot_capacity(config, memory, args.png, **kwargs)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_plan(report)
+    return 0
+
+
+def plot_capacity(config: ModelConfig, memory: int, path: str, **kwargs: Any) -> str | None:
+    """Capacity in tokens against max_model_len, hybrid vs full allocation."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    lengths = [2**k for k in range(12, 18)]
+    hybrid = [capacity(config, memory, n, **kwargs).capacity_tokens for n in lengths]
+    full = [capacity(all_full(config), memory, n, **kwargs).capacity_tokens for n in lengths]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(lengths, hybrid, marker="o", label="per-group managers")
+    ax.plot(lengths, full, marker="s", label="full attention everywhere")
+    ax.set(xscale="log", xlabel="max_model_len", ylabel="KV capacity (tokens)",
+           title=f"{config.name}: {memory / 2**30:.0f} GiB of KV cache")  # fmt: skip
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    groups = Table(title=f"{report['model']}: KV-cache groups", title_justify="left")
+    for column in ("manager", "config", "layers", "page bytes", "blocks/request"):
+        groups.add_column(column)
+    for g in report["hybrid"]["groups"]:
+        groups.add_row(g["manager"], str(g["config"] or ""), str(g["layers"]),
+                       f"{g['page_bytes']:,}", f"{g['blocks_per_request']:,}")  # fmt: skip
+    console.print(groups)
+    summary = Table(title="Capacity", title_justify="left")
+    for column in ("", "bytes/block", "blocks", "capacity (tokens)", "max concurrency"):
+        summary.add_column(column)
+    for name in ("hybrid", "full"):
+        c = report[name]
+        summary.add_row(name, f"{c['bytes_per_block']:,}", f"{c['num_blocks']:,}",
+                        f"{c['capacity_tokens']:,}", f"{c['max_concurrency']:.2f}")  # fmt: skip
+    console.print(summary)
+    console.print(
+        f"capacity ratio {report['capacity_ratio']:.3f}x, theoretical "
+        f"{report['theoretical_ratio']:.3f}x: {report['fraction_of_theoretical_gain']:.1%} of "
+        f"the theoretical gain (max_model_len {report['max_model_len']:,})"
+    )
