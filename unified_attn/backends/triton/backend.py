@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -92,9 +93,11 @@ class TritonAttentionBackend(AttentionBackend):
         never: a request is then one segment of its own length, whatever the batch."""
         if common.max_query_len != 1 or self.batch_invariant:
             return None
+        if common.max_seq_len < 1024:
+            return None
         programs = common.num_reqs * self.num_kv_heads
         target = 2 * num_multiprocessors(common.positions.device)
-        if programs >= target or common.max_seq_len < 1024:
+        if programs >= target:
             return None
         segments = min(MAX_SEGMENTS, triton.next_power_of_2(-(-target // programs)))
         segment = -(-common.max_seq_len // segments)
@@ -143,6 +146,7 @@ class TritonAttentionBackend(AttentionBackend):
         return output
 
 
+@functools.cache
 def num_multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return 4  # the interpreter: any small number exercises the split path
