@@ -7,12 +7,14 @@ For 64 / 256 / 512 running decode requests (1,000-token contexts, block size 16)
 with 1 KV-cache group (4 full-attention layers) and 4 groups (full, sliding 128, sliding 512,
 chunked 256), it times per step: `Scheduler.schedule()`, `ModelRunner.prepare_inputs()` (block
 tables, slot mappings, `CommonAttentionMetadata`) and the `prep_forward` loop. The model forward
-is not run. Writes `<out>/step_overhead.json`.
+is not run; the cyclic garbage collector is paused while steps are timed. Writes
+`<out>/step_overhead.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -35,7 +37,7 @@ from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import resolve_backend
 
 CONTEXT = 1000
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 1088  # the context, the timed decode steps and a margin: a small KV buffer
 LAYOUTS = {
     "1 group": (LayerKind.full(),) * 4,
     "4 groups": (
@@ -110,7 +112,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for n in sizes:
             scheduler, runner = build(layout, n, args.backend, args.device)
             time_steps(scheduler, runner, warmup)
-            times = time_steps(scheduler, runner, steps)
+            gc.collect()
+            gc.disable()  # a collection of the many request objects must not land in a step
+            try:
+                times = time_steps(scheduler, runner, steps)
+            finally:
+                gc.enable()
+            del scheduler, runner  # the next model's KV buffer must not stack on this one
             row = {"layout": layout, "num_requests": n}
             row.update({k: summary(v) for k, v in times.items()})
             results.append(row)
