@@ -168,3 +168,18 @@ def test_bad_inputs_are_rejected():
         unified_attention(q, k_cache, v_cache, torch.empty_like(q), **meta)
     with pytest.raises(ValueError, match="must be"):
         unified_attention(q[:, :2, :16], k_cache, v_cache, torch.empty_like(q[:, :2, :16]), **meta)
+
+
+def test_separate_k_and_v_tensors_give_the_same_output():
+    # Shared storage lets V reuse K's address math; separate tensors take the general path.
+    batch = make_batch([9, 0], [1, 12], num_kv_heads=2, head_size=32, block_size=16,
+                       num_blocks=8, dtype=DTYPES[0], device=DEVICE)  # fmt: skip
+    k_cache, v_cache = strided_caches(8, 16, 2, 32, DTYPES[0])
+    k_cache.normal_()
+    v_cache.normal_()
+    q = torch.randn(13, 4, 32, device=DEVICE).to(DTYPES[0])
+    meta = dict(query_start_loc=batch.common.query_start_loc, seq_lens=batch.common.seq_lens,
+                block_table=batch.block_table, num_seqs=2, max_query_len=12, scale=0.2)  # fmt: skip
+    shared = unified_attention(q, k_cache, v_cache, torch.empty_like(q), **meta)
+    separate = unified_attention(q, k_cache.clone(), v_cache.clone(), torch.empty_like(q), **meta)
+    torch.testing.assert_close(shared, separate, atol=0, rtol=0)

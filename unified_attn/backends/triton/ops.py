@@ -161,6 +161,14 @@ def unified_attention(
     num_segments, segment = (split.num_segments, split.segment) if split else (1, cfg.tile)
     dummy = out
     seg_acc = seg_max = seg_sum = dummy
+    # The K and V views of one page share strides and storage: V's addresses are K's + a constant.
+    shared_offsets = (
+        k_cache.stride() == v_cache.stride()
+        and k_cache.untyped_storage().data_ptr() == v_cache.untyped_storage().data_ptr()
+    )
+    v_minus_k = (
+        (v_cache.data_ptr() - k_cache.data_ptr()) // q.element_size() if shared_offsets else 0
+    )
     if num_segments > 1:
         if scratch is None:
             raise ValueError("split-KV needs a SplitScratch")
@@ -173,7 +181,7 @@ def unified_attention(
         sinks if sinks is not None else dummy,
         alibi_slopes if alibi_slopes is not None else dummy,
         seg_acc, seg_max, seg_sum,
-        scale, soft_cap or 0.0, num_seqs, num_q_heads, segment,
+        scale, soft_cap or 0.0, num_seqs, num_q_heads, segment, v_minus_k,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride(), *v_cache.stride(), block_table.stride(0),
         QPK=qpk, BLOCK_SIZE=k_cache.shape[1], HEAD_SIZE=head_size, HEAD_PAD=head_pad,
@@ -182,6 +190,7 @@ def unified_attention(
         USE_SINKS=sinks is not None, USE_ALIBI=alibi_slopes is not None,
         USE_SOFTCAP=bool(soft_cap), NUM_SEGMENTS=num_segments,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SHARED_KV_OFFSETS=shared_offsets,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if num_segments > 1:

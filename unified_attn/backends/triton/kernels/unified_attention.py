@@ -47,6 +47,7 @@ def unified_attention_kernel(
     num_seqs,
     num_q_heads,
     segment_len,  # keys per split-KV segment (runtime: no recompile per context length)
+    v_minus_k,  # elements from the K view's start to the V view's (SHARED_KV_OFFSETS)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -76,6 +77,7 @@ def unified_attention_kernel(
     USE_SOFTCAP: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact float32 dots, else "tf32"
+    SHARED_KV_OFFSETS: tl.constexpr,  # V = K's offsets + v_minus_k (same strides, one storage)
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -165,16 +167,14 @@ def unified_attention_kernel(
             block_table_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_valid, other=0
         ).to(tl.int64)
         slot_off = key_pos % BLOCK_SIZE
-        k = tl.load(
-            k_cache_ptr
-            + block[None, :] * stride_kb
-            + slot_off[None, :] * stride_ks
-            + kv_head * stride_kh
-            + dims[:, None] * stride_kd,
-            mask=key_valid[None, :] & dim_valid[:, None],
-            other=0.0,
-        )  # [HEAD_PAD, TILE]
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale
+        # [TILE, HEAD_PAD] element offsets, computed once for K and (when the views share
+        # strides, as the halves of one page do) for V as well: address math is the hot path.
+        k_offs = (block * stride_kb + slot_off * stride_ks + kv_head * stride_kh)[:, None] + (
+            dims[None, :] * stride_kd
+        )
+        kv_mask = key_valid[:, None] & dim_valid[None, :]
+        k = tl.load(k_cache_ptr + k_offs, mask=kv_mask, other=0.0)  # [TILE, HEAD_PAD]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
         if USE_SOFTCAP:
             # c * tanh(s / c), overflow-safe: tanh(x) = 1 - 2 / (exp(2x) + 1)
             s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
@@ -199,15 +199,13 @@ def unified_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
 
-        v = tl.load(
-            v_cache_ptr
-            + block[:, None] * stride_vb
-            + slot_off[:, None] * stride_vs
-            + kv_head * stride_vh
-            + dims[None, :] * stride_vd,
-            mask=key_valid[:, None] & dim_valid[None, :],
-            other=0.0,
-        )  # [TILE, HEAD_PAD]
+        if SHARED_KV_OFFSETS:
+            v = tl.load(k_cache_ptr + v_minus_k + k_offs, mask=kv_mask, other=0.0)
+        else:
+            v_offs = (block * stride_vb + slot_off * stride_vs + kv_head * stride_vh)[:, None] + (
+                dims[None, :] * stride_vd
+            )
+            v = tl.load(v_cache_ptr + v_offs, mask=kv_mask, other=0.0)  # [TILE, HEAD_PAD]
         acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
