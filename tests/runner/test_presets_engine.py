@@ -69,3 +69,14 @@ def test_window_prefix_hits_are_right_aligned_and_change_nothing(preset):
     assert all(g["hit_blocks"] > 0 for g in stats)
     hit = warm.kv_cache_manager.prefix_cache_stats.hits
     assert hit >= 192  # the whole shared prefix, block aligned
+
+
+def test_state_layers_leave_prefix_checkpoints_that_later_requests_hit():
+    rng = random.Random(2)
+    shared = [rng.randrange(256) for _ in range(100)]
+    cold = LLMEngine("hybrid-linear", enable_prefix_caching=False)
+    expected = tokens(cold, [[*shared, 9, 9]])
+    warm = LLMEngine("hybrid-linear")
+    tokens(warm, [[*shared, 1]])  # its prefill stops at 96, a checkpoint boundary
+    assert tokens(warm, [[*shared, 9, 9]]) == expected
+    assert warm.kv_cache_manager.prefix_cache_stats.hits >= 96

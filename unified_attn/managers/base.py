@@ -52,6 +52,8 @@ class SingleTypeKVCacheManager(ABC):
     needs_zeroed_blocks: ClassVar[bool] = False
     # Whether the policy frees blocks before the request ends (skips work for full attention).
     frees_blocks_early: ClassVar[bool] = True
+    # Whether a block can only be cached when a step ends exactly on its boundary (states).
+    caches_only_at_step_ends: ClassVar[bool] = False
 
     def __init__(
         self,

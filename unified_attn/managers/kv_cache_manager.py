@@ -69,6 +69,14 @@ class KVCacheManager:
         """The block hasher requests must carry for prefix caching with this manager."""
         return request_block_hasher(self.hash_block_size)
 
+    @property
+    def checkpoint_alignment(self) -> int | None:
+        """Token multiple at which steps should end so state groups can cache checkpoints
+        (Mamba "align" caches a state only when a step ends on a block boundary); None when
+        no group needs it."""
+        needs = any(m.caches_only_at_step_ends for m in self.managers)
+        return self.coordinator.alignment if needs and self.enable_caching else None
+
     def group_stats(self) -> list[dict[str, object]]:
         """Per group: the policy, blocks recycled early (windows, chunks, states) and blocks
         adopted from prefix hits, since startup."""

@@ -51,6 +51,7 @@ class MambaManager(SingleTypeKVCacheManager):
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
         self.align = config.mamba_cache_mode == "align"
+        self.caches_only_at_step_ends = self.align  # type: ignore[misc]
         # align mode: non-null positions of each request's table (at most a few).
         self.live_positions: dict[str, list[int]] = {}
         self.cached_this_step: set[int] = set()

@@ -63,6 +63,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
+        # End prefill chunks on these boundaries so state groups leave prefix checkpoints.
+        self.checkpoint_alignment = kv_cache_manager.checkpoint_alignment
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -102,7 +104,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._num_new(request, request.num_computed_tokens, budget)
             new_blocks = self.kv.allocate_slots(request, num_new)
             while new_blocks is None:
                 victim = self.running.pop()
@@ -125,7 +127,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             hits, num_hit = self.kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit, budget)
+            num_new = self._num_new(request, num_hit, budget)
             if self.kv.allocate_slots(request, num_new, num_hit, hits) is None:
                 break  # the pool is full: wait for running requests to finish
             self.waiting.popleft()
@@ -136,6 +138,16 @@ class Scheduler:
             scheduled.append(self._commit(request, num_new, block_ids, True))
             budget -= num_new
         return budget
+
+    def _num_new(self, request: Request, computed: int, budget: int) -> int:
+        """Tokens to schedule. With state groups, a chunk that crosses a checkpoint boundary
+        stops on the last one it crosses (a prompt's final chunk too), so a later request with
+        the same prefix finds a cached state there."""
+        end = computed + min(request.num_tokens - computed, budget)
+        align = self.checkpoint_alignment
+        if align and computed < end // align * align < end:
+            end = end // align * align
+        return end - computed
 
     def _commit(
         self, request: Request, num_new: int, block_ids: tuple[list[int], ...], is_new: bool
