@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from unified_attn.managers import (
+    BlockPool,
     FullAttentionManager,
     KVCacheManager,
     SchedulerKVCacheConfig,
@@ -45,3 +46,26 @@ def free_ids(manager: KVCacheManager) -> list[int]:
 
 def ids(blocks) -> list[int]:
     return [b.block_id for b in blocks]
+
+
+def walk_free_queue(pool: BlockPool) -> list[int]:
+    """Block ids of the free queue, head first, after checking every link in both directions."""
+    queue, limit = pool.free_block_queue, pool.num_blocks
+    forward, block = [], queue.head.next_free_block
+    while block is not queue.tail:
+        assert block is not None, "forward walk fell off the free queue"
+        assert block.next_free_block is not None, f"{block} has no next link"
+        assert block.next_free_block.prev_free_block is block, f"broken link after {block}"
+        forward.append(block.block_id)
+        assert len(forward) < limit, "cycle in the free queue"
+        block = block.next_free_block
+    backward, block = [], queue.tail.prev_free_block
+    while block is not queue.head:
+        assert block is not None, "backward walk fell off the free queue"
+        backward.append(block.block_id)
+        assert len(backward) < limit, "cycle in the free queue"
+        block = block.prev_free_block
+    assert forward == backward[::-1], "forward and backward walks disagree"
+    assert len(forward) == len(set(forward)), "a block is in the free queue twice"
+    assert len(forward) == queue.num_free_blocks == pool.get_num_free_blocks()
+    return forward

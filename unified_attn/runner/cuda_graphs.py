@@ -52,6 +52,8 @@ class DecodeGraphs:
         self.slots = [torch.full((n,), -1, dtype=torch.int64, device=device) for _ in table_widths]
         self.tables = [torch.zeros(n, w, dtype=torch.int32, device=device) for w in table_widths]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Per size, views of the persistent buffers: built once, reused every replay.
+        self.commons: dict[int, CommonAttentionMetadata] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool: Any = None  # the graphs share one memory pool
         self.num_replays = 0
@@ -60,6 +62,11 @@ class DecodeGraphs:
         return next((s for s in self.sizes if s >= num_reqs), None)
 
     def _common(self, n: int) -> CommonAttentionMetadata:
+        if n not in self.commons:
+            self.commons[n] = self._make_common(n)
+        return self.commons[n]
+
+    def _make_common(self, n: int) -> CommonAttentionMetadata:
         return CommonAttentionMetadata(
             query_start_loc=self.query_start_loc[: n + 1],
             query_start_loc_cpu=self.query_start_loc_cpu[: n + 1],
