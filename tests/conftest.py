@@ -1,5 +1,6 @@
 import os
 
+import pytest
 import torch
 
 # pytest-xdist runs one worker per core: one intra-op thread each avoids oversubscription,
@@ -10,3 +11,18 @@ torch.set_num_threads(1)
 # decorated, so it must be set before any kernel module is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak-steps", type=int, default=40, help="steps per engine soak run")
+    parser.addoption("--soak-seeds", type=int, default=1, help="seeds per preset in the soak")
+
+
+@pytest.fixture
+def soak_steps(request):
+    return request.config.getoption("--soak-steps")
+
+
+@pytest.fixture
+def soak_seeds(request):
+    return request.config.getoption("--soak-seeds")

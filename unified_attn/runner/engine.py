@@ -75,6 +75,8 @@ class EngineStats:
         return 1e3 * self.step_time_s / self.steps if self.steps else 0.0
 
 
+_AUTO_ID = re.compile(r"req-(\d+)")
+
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
@@ -131,6 +133,9 @@ class LLMEngine:
         )
         self.stats = EngineStats()
         self._next_id = 0
+        self._caller_numbers: set[int] = set()  # N of caller ids `req-N` the counter must skip
+        # Outputs of requests that `generate` saw finish but did not add: `step` returns them.
+        self._pending_outputs: list[RequestOutput] = []
         # request id -> (prompt logits parts, generated-token logits)
         self._logits: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
@@ -158,9 +163,9 @@ class LLMEngine:
         changes, so the engine stays usable."""
         token_ids = self.encode(prompt)
         if request_id is None:
-            request_id = f"req-{self._next_id}"
-            self._next_id += 1
-        self._check_prompt(request_id, token_ids)
+            request_id = self._new_request_id()
+        self._check_prompt(f"request {request_id}", token_ids)
+        self._reserve_caller_id(request_id)
         params = params or SamplingParams()
         request = Request(
             request_id,
@@ -174,20 +179,33 @@ class LLMEngine:
         self._logits[request_id] = ([], [])
         return request_id
 
-    def _check_prompt(self, request_id: str, token_ids: list[int]) -> None:
+    def _new_request_id(self) -> str:
+        """`req-N` with a counter that skips every N a caller chose as `req-N` itself, so an
+        automatic id never equals an id a caller chose, now or earlier."""
+        while self._next_id in self._caller_numbers:
+            self._caller_numbers.discard(self._next_id)
+            self._next_id += 1
+        self._next_id += 1
+        return f"req-{self._next_id - 1}"
+
+    def _reserve_caller_id(self, request_id: str) -> None:
+        match = _AUTO_ID.fullmatch(request_id)
+        if match and int(match.group(1)) >= self._next_id:
+            self._caller_numbers.add(int(match.group(1)))
+
+    def _check_prompt(self, what: str, token_ids: list[int]) -> None:
         if not token_ids:
-            raise ValueError(f"request {request_id}: the prompt is empty; give at least one token")
+            raise ValueError(f"{what}: the prompt is empty; give at least one token")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
-                f"request {request_id}: the prompt has {len(token_ids)} tokens but "
+                f"{what}: the prompt has {len(token_ids)} tokens but "
                 f"max_model_len={self.max_model_len} leaves no room to generate; shorten the "
                 "prompt or raise max_model_len"
             )
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(
-                f"request {request_id}: token id {bad[0]} is outside the vocabulary "
-                f"[0, {self.vocab_size})"
+                f"{what}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
 
     def abort_request(self, request_id: str) -> None:
@@ -197,6 +215,12 @@ class LLMEngine:
     # ---- running -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; returns the outputs of requests that finished in it, and of
+        requests that finished while `generate` was driving the engine for other prompts."""
+        pending, self._pending_outputs = self._pending_outputs, []
+        return pending + self._step()
+
+    def _step(self) -> list[RequestOutput]:
         start = time.perf_counter()
         output = self.scheduler.schedule()
         result = self.runner.execute(output)
@@ -230,16 +254,40 @@ class LLMEngine:
         prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts (text or token ids) to completion; outputs in input order."""
+        """Run prompts (text or token ids) to completion; outputs in input order.
+
+        Returns exactly these prompts' outputs. Requests added earlier with `add_request` keep
+        running alongside; their outputs, if they finish meanwhile, come from the next `step()`.
+        Every prompt is validated before any is queued; if stepping raises (or is interrupted),
+        these prompts' requests are aborted and the others are left as they were.
+        """
         batch: list[Any] = [prompts] if _is_single_prompt(prompts) else list(prompts)
         all_params = params if isinstance(params, Sequence) else [params] * len(batch)
         if len(all_params) != len(batch):
-            raise ValueError(f"{len(all_params)} SamplingParams for {len(batch)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(batch, all_params, strict=True)]
+            raise ValueError(
+                f"generate: got {len(all_params)} SamplingParams for {len(batch)} prompts; "
+                "pass one SamplingParams, or one per prompt"
+            )
+        token_lists = [self.encode(prompt) for prompt in batch]
+        for i, token_ids in enumerate(token_lists):  # nothing is queued unless all are valid
+            self._check_prompt(f"generate: prompt {i}", token_ids)
+        ids = [self.add_request(t, sp) for t, sp in zip(token_lists, all_params, strict=True)]
+        wanted = set(ids)
         done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids) and self.has_unfinished_requests():
-            for out in self.step():
-                done[out.request_id] = out
+        try:
+            while len(done) < len(ids):
+                if not self.has_unfinished_requests():
+                    missing = sorted(wanted - done.keys())
+                    raise RuntimeError(f"generate: requests {missing} ended without an output")
+                for out in self._step():
+                    if out.request_id in wanted:
+                        done[out.request_id] = out
+                    else:
+                        self._pending_outputs.append(out)
+        except BaseException:
+            for request_id in wanted - done.keys():
+                self.abort_request(request_id)
+            raise
         return [done[i] for i in ids]
 
     def _output(self, request: Request) -> RequestOutput:

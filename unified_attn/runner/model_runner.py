@@ -101,9 +101,11 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run one step: sampled tokens of requests that reached their end, and logits asked for
         through `SamplingParams.prompt_logits` / `return_logits`."""
+        preempted = {r.request_id for r in output.preempted}
         for request_id in output.finished_ids:
             self.block_tables.drop(request_id)
-            self.sampler.drop(request_id)
+            if request_id not in preempted:  # a preempted request resumes its random stream
+                self.sampler.drop(request_id)
         result = StepResult()
         if not output.scheduled:
             return result
