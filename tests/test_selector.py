@@ -80,3 +80,16 @@ def test_batch_invariant_mode_from_the_environment(monkeypatch, picky):
 
 def test_registry_has_the_builtin_backends():
     assert "reference" in registered_backends()
+
+
+def test_state_layers_select_the_state_backend_and_attention_backends_refuse_them():
+    from unified_attn.backends.linear_state import LinearStateBackend
+
+    state = SelectorConfig(head_size=32, dtype="float32", layer_kind="linear_state")
+    assert select_backend(state) is LinearStateBackend
+    with pytest.raises(ValueError, match="serves attention layers, not linear_state"):
+        select_backend(state, override="reference")
+    attention = SelectorConfig(head_size=32, dtype="float32")
+    assert select_backend(attention) is ReferenceAttentionBackend
+    with pytest.raises(ValueError, match="serves linear_state layers, not attention"):
+        select_backend(attention, override="linear-state")

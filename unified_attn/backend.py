@@ -103,6 +103,8 @@ class AttentionBackend(ABC):
     """One instance serves every layer with the same static parameters."""
 
     name: ClassVar[str]
+    # The layer kinds this backend computes (`SelectorConfig.layer_kind`).
+    layer_kinds: ClassVar[tuple[str, ...]] = ("attention",)
 
     def __init__(
         self,

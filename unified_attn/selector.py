@@ -22,7 +22,11 @@ BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
 _REGISTRY: dict[str, tuple[type[AttentionBackend], dict[str, int]]] = {}
 # Modules that register the built-in backends; imported lazily on first selection. A module
 # whose dependencies are missing (Triton off Linux) registers nothing.
-_BUILTIN_MODULES = ("unified_attn.backends.reference", "unified_attn.backends.triton")
+_BUILTIN_MODULES = (
+    "unified_attn.backends.reference",
+    "unified_attn.backends.triton",
+    "unified_attn.backends.linear_state",
+)
 
 
 def batch_invariant_from_env() -> bool:
@@ -43,6 +47,9 @@ class SelectorConfig:
     attn_type: AttentionType = AttentionType.DECODER
     device: str = "cpu"
     use_batch_invariant: bool = attrs.field(factory=batch_invariant_from_env)
+    # What the layer computes: "attention" (softmax attention over a KV cache) or a kind of
+    # recurrent-state layer ("linear_state"); a backend serves the kinds in its `layer_kinds`.
+    layer_kind: str = "attention"
 
 
 def register_backend(priority: dict[str, int]) -> Callable[[type], type]:
@@ -79,6 +86,8 @@ def resolve_backend(name: str) -> type[AttentionBackend]:
 
 
 def backend_reasons(cls: type[AttentionBackend], cfg: SelectorConfig) -> list[str]:
+    if cfg.layer_kind not in cls.layer_kinds:
+        return [f"serves {'/'.join(cls.layer_kinds)} layers, not {cfg.layer_kind}"]
     reasons = list(cls.validate_configuration(cfg))
     if cfg.use_batch_invariant and not cls.supports_batch_invariance():
         reasons.append("does not support batch-invariant mode")

@@ -14,7 +14,7 @@ from unified_attn.legacy_adapter import (
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
-    MambaManager,
+    StateManager,
     SlidingWindowManager,
 )
 from unified_attn.tensor_specs import PagedKVSpec, StateSpec
@@ -42,8 +42,8 @@ PAGED = PagedKVSpec(2, 32, torch.float16)
         (
             MambaSpec(block_size=16, shapes=[(4, 8), (16,)], dtypes=["float32", "bfloat16"]),
             (
-                MambaManager,
-                MambaManager.Config(),
+                StateManager,
+                StateManager.Config(),
                 StateSpec([(4, 8), (16,)], [torch.float32, torch.bfloat16]),
             ),
         ),
@@ -66,7 +66,7 @@ def test_a_promoted_window_in_a_full_spec_keeps_every_block():
 
 def test_mamba_policy_fields_become_the_manager_config():
     spec = MambaSpec(block_size=16, shapes=[(4,)], dtypes=["float32"], mamba_cache_mode="align")
-    assert split_spec(spec)[1] == MambaManager.Config(mamba_cache_mode="align")
+    assert split_spec(spec)[1] == StateManager.Config(cache_mode="align")
 
 
 def test_unknown_spec_types_are_rejected_with_the_known_ones():

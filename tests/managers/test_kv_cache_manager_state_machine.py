@@ -28,7 +28,7 @@ from unified_attn.managers import (
     KVCacheBlocks,
     KVCacheGroup,
     KVCacheManager,
-    MambaManager,
+    StateManager,
     SchedulerKVCacheConfig,
     SlidingWindowManager,
     StreamingSinkManager,
@@ -66,8 +66,8 @@ def chunked(chunk: int) -> KVCacheGroup:
     )
 
 
-def mamba(mode: str, bs: int | None = None) -> KVCacheGroup:
-    return KVCacheGroup(MambaManager, MambaManager.Config(mamba_cache_mode=mode), bs)
+def state(mode: str, bs: int | None = None) -> KVCacheGroup:
+    return KVCacheGroup(StateManager, StateManager.Config(cache_mode=mode), bs)
 
 
 def sink(num_sink_tokens: int, window: int) -> KVCacheGroup:
@@ -82,14 +82,14 @@ SCENARIOS = {
     "sliding_bs3": Scenario("sliding_bs3", (sliding(5),), 10, 3, 24, 4),
     "chunked": Scenario("chunked", (chunked(4),), 10, 2, 24, 4),
     "chunked_straddle": Scenario("chunked_straddle", (chunked(3),), 10, 2, 24, 4),
-    "mamba_align": Scenario("mamba_align", (mamba("align"),), 10, 2, 24, 5),
-    "mamba_none": Scenario("mamba_none", (mamba("none"),), 10, 2, 24, 5),
+    "state_align": Scenario("state_align", (state("align"),), 10, 2, 24, 5),
+    "state_none": Scenario("state_none", (state("none"),), 10, 2, 24, 5),
     "sink": Scenario("sink", (sink(3, 4),), 12, 2, 24, 4),
     "hybrid_full_sliding": Scenario("hybrid_full_sliding", (full(), sliding(4)), 30, 2, 20, 4),
-    "hybrid_full_mamba": Scenario("hybrid_full_mamba", (full(2), mamba("align", 4)), 30, 2, 20, 5),
+    "hybrid_full_state": Scenario("hybrid_full_state", (full(2), state("align", 4)), 30, 2, 20, 5),
     # Two groups that are not downward closed: the hybrid hit needs the fixed-point loop.
-    "hybrid_sliding_mamba": Scenario(
-        "hybrid_sliding_mamba", (sliding(4), mamba("align")), 16, 2, 20, 4
+    "hybrid_sliding_state": Scenario(
+        "hybrid_sliding_state", (sliding(4), state("align")), 16, 2, 20, 4
     ),
     "hybrid_mixed_block_sizes": Scenario(
         "hybrid_mixed_block_sizes", (full(4), sliding(5, 2)), 24, 4, 20, 4
@@ -104,8 +104,8 @@ def kind_of(manager) -> str:
         return "sliding"
     if isinstance(manager, ChunkedLocalAttentionManager):
         return "chunked"
-    if isinstance(manager, MambaManager):
-        return "mamba_align" if manager.align else "mamba_none"
+    if isinstance(manager, StateManager):
+        return "state_align" if manager.align else "state_none"
     assert isinstance(manager, FullAttentionManager)
     return "full"
 
@@ -281,7 +281,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         end = start + k
         self.check_new_blocks(req, new, hit_blocks, tables_before, end)
         for g, kind in enumerate(self.kinds):
-            if kind.startswith("mamba"):
+            if kind.startswith("state"):
                 self.run_state_layer(req, g, start, end)
             else:
                 self.write_attention(req, g, start, end)
@@ -314,16 +314,16 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         num_hits = [len(g) for g in hit_blocks.blocks] if hit_blocks else [0] * len(self.bs)
         for g, kind in enumerate(self.kinds):
             appended, table = new.blocks[g], self.table(req, g)
-            expected_len = 1 if kind == "mamba_none" else cdiv(end, self.bs[g])
+            expected_len = 1 if kind == "state_none" else cdiv(end, self.bs[g])
             assert len(table) == expected_len, f"group {g}: table {table} for {end} tokens"
             assert table[tables_before[g] + num_hits[g] :] == appended, (
                 f"group {g}: returned {appended}, but the table grew to {table}"
             )
             fresh = [b for b in appended if not b.is_null]
-            assert kind == "mamba_align" or fresh == appended, f"group {g}: null in {appended}"
+            assert kind == "state_align" or fresh == appended, f"group {g}: null in {appended}"
             for block in fresh:
                 assert block.ref_cnt == 1, f"group {g}: new block {block} is shared"
-            if kind.startswith("mamba"):
+            if kind.startswith("state"):
                 expected_zeroed += [b.block_id for b in fresh]
         assert sorted(zeroed) == sorted(expected_zeroed), "new state blocks must be zeroed"
         for bid in zeroed:
@@ -368,7 +368,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
             )
 
     def state_index(self, g: int, num_tokens: int) -> int:
-        return 0 if self.kinds[g] == "mamba_none" else (num_tokens - 1) // self.bs[g]
+        return 0 if self.kinds[g] == "state_none" else (num_tokens - 1) // self.bs[g]
 
     def run_state_layer(self, req: Request, g: int, start: int, end: int) -> None:
         table, tokens = self.table(req, g), tuple(req.all_token_ids)
@@ -399,15 +399,15 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
                 assert block.block_hash == with_group_id(hashes[i], g), (
                     f"group {g}: hit block {block} at {i} is not cached under the request's hash"
                 )
-                if kind.startswith("mamba"):
+                if kind.startswith("state"):
                     continue
                 held = [self.kv.get(block.block_id, {}).get(j) for j in range(bs)]
                 assert held == [tokens[: i * bs + j + 1] for j in range(bs)], (
                     f"group {g}: hit block {block} at index {i} holds other tokens"
                 )
-            if kind == "mamba_none":
+            if kind == "state_none":
                 assert hit == 0, "mode 'none' never reports a hit"
-            elif kind == "mamba_align" and hit:
+            elif kind == "state_align" and hit:
                 *pad, last = blocks
                 assert all(b.is_null for b in pad) and not last.is_null, blocks
                 if (last.block_id, last.block_hash) in self.hashed_at_step_start:
@@ -426,9 +426,9 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         def all_cached(lo: int, hi: int) -> bool:
             return all(cached[max(lo, 0) : hi])
 
-        if kind == "mamba_none":
+        if kind == "state_none":
             return 0
-        if kind == "mamba_align":
+        if kind == "state_align":
             return max((i + 1 for i in range(max_blocks) if cached[i]), default=0) * bs
         if kind == "full":
             return next((i for i, c in enumerate(cached) if not c), max_blocks) * bs
@@ -571,7 +571,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
                 continue
             prefix = self.hash_prefix[key[:-4]]
             g = int.from_bytes(key[-4:], "big")
-            if self.kinds[g].startswith("mamba"):
+            if self.kinds[g].startswith("state"):
                 held = self.state.get(block.block_id)
                 assert held == prefix, f"state {block} cached for {prefix}, holds {held}"
                 continue
@@ -590,7 +590,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
                 table, bs = self.table(req, g), self.bs[g]
                 live = [b for b in table if not b.is_null]
                 assert len(live) <= max_blocks[g], f"group {g}: {req} holds {live}"
-                if kind.startswith("mamba"):
+                if kind.startswith("state"):
                     self.check_state_table(req, g, table)
                     continue
                 for i, block in enumerate(table):
@@ -605,7 +605,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         n, tokens, bs = req.num_computed_tokens, tuple(req.all_token_ids), self.bs[g]
         current = table[self.state_index(g, n)]
         assert not current.is_null and self.state.get(current.block_id) == tokens[:n]
-        if self.kinds[g] == "mamba_none":
+        if self.kinds[g] == "state_none":
             assert len(table) == 1
             return
         for i, block in enumerate(table):
@@ -654,10 +654,10 @@ TestSlidingWindow = make_machine(SCENARIOS["sliding"])
 TestSlidingWindowBlockSize3 = make_machine(SCENARIOS["sliding_bs3"])
 TestChunkedLocal = make_machine(SCENARIOS["chunked"])
 TestChunkedLocalStraddlingBlocks = make_machine(SCENARIOS["chunked_straddle"])
-TestMambaAlign = make_machine(SCENARIOS["mamba_align"])
-TestMambaNone = make_machine(SCENARIOS["mamba_none"])
+TestMambaAlign = make_machine(SCENARIOS["state_align"])
+TestMambaNone = make_machine(SCENARIOS["state_none"])
 TestStreamingSink = make_machine(SCENARIOS["sink"])
 TestHybridFullSliding = make_machine(SCENARIOS["hybrid_full_sliding"])
-TestHybridFullMamba = make_machine(SCENARIOS["hybrid_full_mamba"])
-TestHybridSlidingMamba = make_machine(SCENARIOS["hybrid_sliding_mamba"])
+TestHybridFullMamba = make_machine(SCENARIOS["hybrid_full_state"])
+TestHybridSlidingMamba = make_machine(SCENARIOS["hybrid_sliding_state"])
 TestHybridMixedBlockSizes = make_machine(SCENARIOS["hybrid_mixed_block_sizes"])

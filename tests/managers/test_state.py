@@ -3,15 +3,15 @@
 import pytest
 
 from tests.managers.helpers import admit, make_manager, make_request, step
-from unified_attn.managers import FullAttentionManager, MambaManager
+from unified_attn.managers import FullAttentionManager, StateManager
 
 
-def mamba(mode="none", spec=0):
-    return (MambaManager, MambaManager.Config(mamba_cache_mode=mode, num_speculative_blocks=spec))
+def state_group(mode="none", spec=0):
+    return (StateManager, StateManager.Config(cache_mode=mode, num_speculative_blocks=spec))
 
 
 def test_none_mode_holds_one_state_block_plus_speculative_ones():
-    m = make_manager(num_blocks=10, block_size=4, groups=[mamba("none", spec=2)])
+    m = make_manager(num_blocks=10, block_size=4, groups=[state_group("none", spec=2)])
     a = make_request(m, "A", range(30))
     admit(m, a)
     assert m.get_block_ids(a) == ([1, 2, 3],)
@@ -24,7 +24,7 @@ def test_none_mode_holds_one_state_block_plus_speculative_ones():
 
 
 def test_none_mode_never_hits():
-    m = make_manager(num_blocks=10, block_size=4, groups=[mamba("none")])
+    m = make_manager(num_blocks=10, block_size=4, groups=[state_group("none")])
     a = make_request(m, "A", range(12))
     admit(m, a)
     m.free(a)
@@ -32,7 +32,7 @@ def test_none_mode_never_hits():
 
 
 def test_align_mode_places_the_state_at_the_last_position_and_frees_the_old_one():
-    m = make_manager(num_blocks=10, block_size=4, groups=[mamba("align")])
+    m = make_manager(num_blocks=10, block_size=4, groups=[state_group("align")])
     a = make_request(m, "A", range(10))
     admit(m, a, num_new=8)  # chunk ends on a boundary: a checkpoint
     assert m.get_block_ids(a) == ([0, 1],)
@@ -46,7 +46,7 @@ def test_align_mode_places_the_state_at_the_last_position_and_frees_the_old_one(
 
 
 def test_align_hit_is_the_rightmost_checkpoint():
-    m = make_manager(num_blocks=10, block_size=4, groups=[mamba("align")])
+    m = make_manager(num_blocks=10, block_size=4, groups=[state_group("align")])
     a = make_request(m, "A", range(13))
     admit(m, a, num_new=4)
     step(m, a, 4)
@@ -60,7 +60,7 @@ def test_align_hit_is_the_rightmost_checkpoint():
 
 
 def test_a_checkpoint_written_this_step_is_not_hit_until_the_next_step():
-    m = make_manager(num_blocks=10, block_size=4, groups=[mamba("align")])
+    m = make_manager(num_blocks=10, block_size=4, groups=[state_group("align")])
     a = make_request(m, "A", range(9))
     admit(m, a, num_new=8)
     b = make_request(m, "B", range(9))
@@ -72,7 +72,7 @@ def test_a_checkpoint_written_this_step_is_not_hit_until_the_next_step():
 
 
 def test_hybrid_attention_hit_is_limited_by_the_state_checkpoint():
-    groups = [(FullAttentionManager, FullAttentionManager.Config()), mamba("align")]
+    groups = [(FullAttentionManager, FullAttentionManager.Config()), state_group("align")]
     m = make_manager(num_blocks=20, block_size=4, groups=groups)
     a = make_request(m, "A", range(17))
     admit(m, a, num_new=8)
@@ -86,9 +86,9 @@ def test_hybrid_attention_hit_is_limited_by_the_state_checkpoint():
 
 
 def test_unknown_mode_and_align_with_speculative_blocks_are_rejected():
-    with pytest.raises(ValueError, match="mamba_cache_mode"):
-        MambaManager.Config(mamba_cache_mode="all")
+    with pytest.raises(ValueError, match="cache_mode"):
+        StateManager.Config(cache_mode="all")
     with pytest.raises(ValueError, match="num_speculative_blocks"):
-        MambaManager.Config(mamba_cache_mode="align", num_speculative_blocks=1)
+        StateManager.Config(cache_mode="align", num_speculative_blocks=1)
     with pytest.raises(ValueError, match="num_speculative_blocks"):
-        MambaManager.Config(num_speculative_blocks=-1)
+        StateManager.Config(num_speculative_blocks=-1)

@@ -61,7 +61,7 @@ def prompts(lengths, seed=0):
 # PagedRunner lays out paged K/V only; presets with state layers run through the engine in
 # tests/runner/test_presets_engine.py.
 ATTENTION_ONLY = sorted(
-    n for n, c in PRESETS.items() if all(k.kind != "linear" for k in c.layer_kinds)
+    n for n, c in PRESETS.items() if all(k.kind != "linear_state" for k in c.layer_kinds)
 )
 
 

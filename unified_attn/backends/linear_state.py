@@ -4,7 +4,7 @@ Per head, with a scalar gate `g_t` in (0, 1) per token:
     S_t = g_t * S_{t-1} + k_t^T v_t        (S: [D, D], float32)
     o_t = scale * q_t S_t
 Prefill chunks use the exact chunkwise-parallel form; the state is carried between steps through
-the block of `MambaManager` (mode "none": table column 0; mode "align": read at position
+the block of `StateManager` (mode "none": table column 0; mode "align": read at position
 `(computed - 1) // block_size`, write at `(computed + new - 1) // block_size`, see
 `unified_attn/managers/state.py`). A request with nothing computed starts from zeros.
 """
@@ -22,17 +22,19 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
-from unified_attn.managers import MambaManager
-from unified_attn.selector import SelectorConfig
+from unified_attn.managers import StateManager
+from unified_attn.selector import SelectorConfig, register_backend
 from unified_attn.tensor_specs import StateSpec
 
 CHUNK = 64
 
 
+@register_backend(priority={"cpu": 100, "cuda": 100})
 class LinearStateBackend(AttentionBackend):
     """One instance serves every linear-attention layer with the same head shape."""
 
     name = "linear-state"
+    layer_kinds = ("linear_state",)
 
     def __init__(
         self,
@@ -40,12 +42,12 @@ class LinearStateBackend(AttentionBackend):
         num_heads: int,
         head_size: int,
         dtype: torch.dtype | str,
-        mamba_cache_mode: Literal["none", "align"] = "align",
+        cache_mode: Literal["none", "align"] = "align",
         **options: Any,
     ) -> None:
         super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
         self.num_heads = num_heads
-        self.manager_config = MambaManager.Config(mamba_cache_mode=mamba_cache_mode)
+        self.manager_config = StateManager.Config(cache_mode=cache_mode)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -61,7 +63,7 @@ class LinearStateBackend(AttentionBackend):
         spec = StateSpec(
             shapes=[(self.num_heads, self.head_size, self.head_size)], dtypes=["float32"]
         )
-        return MambaManager, self.manager_config, spec
+        return StateManager, self.manager_config, spec
 
     def check_layer(self, layer: LayerConfig) -> None:
         if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
@@ -80,7 +82,7 @@ class LinearStateBackend(AttentionBackend):
         qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
         computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
         self.requests: dict[int, list[tuple[int, int, int | None, int]]] = {}
-        align = self.manager_config.mamba_cache_mode == "align"
+        align = self.manager_config.cache_mode == "align"
         for gid in set(self.group_of_layer.values()):
             table = block_tables[gid].cpu().tolist()
             bs = common.block_sizes[gid]

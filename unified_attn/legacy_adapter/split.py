@@ -21,7 +21,7 @@ from unified_attn.legacy_adapter.specs import (
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
-    MambaManager,
+    StateManager,
     SlidingWindowManager,
 )
 from unified_attn.tensor_specs import PagedKVSpec, StateSpec
@@ -42,10 +42,10 @@ def _chunked(spec: Any) -> CacheConfig:
 
 
 def _mamba(spec: Any) -> CacheConfig:
-    config = MambaManager.Config(
-        mamba_cache_mode=spec.mamba_cache_mode, num_speculative_blocks=spec.num_speculative_blocks
+    config = StateManager.Config(
+        cache_mode=spec.mamba_cache_mode, num_speculative_blocks=spec.num_speculative_blocks
     )
-    return MambaManager, config, StateSpec(spec.shapes, spec.dtypes)
+    return StateManager, config, StateSpec(spec.shapes, spec.dtypes)
 
 
 def _paged(spec: AttentionSpec) -> PagedKVSpec:

@@ -21,27 +21,27 @@ from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv, check_non
 from unified_attn.managers.block_pool import KVCacheBlock
 from unified_attn.request import Request
 
-MAMBA_CACHE_MODES = ("none", "align")
+STATE_CACHE_MODES = ("none", "align")
 
 
 def _check_mode(_instance: object, attribute: attrs.Attribute, value: str) -> None:
-    if value not in MAMBA_CACHE_MODES:
-        raise ValueError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {value!r}")
+    if value not in STATE_CACHE_MODES:
+        raise ValueError(f"cache_mode must be one of {STATE_CACHE_MODES}, got {value!r}")
 
 
-class MambaManager(SingleTypeKVCacheManager):
+class StateManager(SingleTypeKVCacheManager):
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        mamba_cache_mode: Literal["none", "align"] = attrs.field(
+        cache_mode: Literal["none", "align"] = attrs.field(
             default="none", validator=_check_mode
         )
         num_speculative_blocks: int = attrs.field(default=0, validator=check_non_negative)
 
         def __attrs_post_init__(self) -> None:
-            if self.mamba_cache_mode == "align" and self.num_speculative_blocks:
+            if self.cache_mode == "align" and self.num_speculative_blocks:
                 raise ValueError(
-                    "num_speculative_blocks > 0 needs mamba_cache_mode='none' "
-                    f"(got mamba_cache_mode='align', num_speculative_blocks="
+                    "num_speculative_blocks > 0 needs cache_mode='none' "
+                    f"(got cache_mode='align', num_speculative_blocks="
                     f"{self.num_speculative_blocks})"
                 )
 
@@ -50,7 +50,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        self.align = config.mamba_cache_mode == "align"
+        self.align = config.cache_mode == "align"
         self.caches_only_at_step_ends = self.align  # type: ignore[misc]
         # align mode: non-null positions of each request's table (at most a few).
         self.live_positions: dict[str, list[int]] = {}

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import attrs
 
-LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear"]
+LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear_state"]
 RopeType = Literal["llama3", "linear", "yarn"]
 NormStyle = Literal["llama", "gemma", "float32"]
 MLPKind = Literal["swiglu", "geglu", "moe"]
@@ -24,8 +24,8 @@ class LayerKind:
     `full`: every earlier token. `sliding`: a query at position p sees keys `[p - window + 1, p]`.
     `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. `streaming` (StreamingLLM):
     the window plus the first `sink_tokens` tokens, kept forever (`StreamingSinkManager`).
-    `linear`: gated linear attention whose state lives in KV-cache state blocks
-    (`LinearStateBackend`, `MambaManager`). `has_sinks`: the layer owns a
+    `linear_state`: gated linear attention whose state lives in KV-cache state blocks
+    (`LinearStateBackend`, `StateManager`). `has_sinks`: the layer owns a
     learned per-head sink logit (`self_attn.sinks [num_heads]`, GPT-OSS) that takes probability
     mass without contributing a value. Later per-layer features are new optional fields here,
     defaulting to "off".
@@ -43,7 +43,7 @@ class LayerKind:
             "sliding": (True, False),
             "chunked": (False, True),
             "streaming": (True, False),
-            "linear": (False, False),
+            "linear_state": (False, False),
         }
         if self.kind not in needs:
             raise ValueError(f"LayerKind.kind must be one of {sorted(needs)}, got {self.kind!r}")
@@ -51,7 +51,7 @@ class LayerKind:
             raise ValueError(
                 f"LayerKind({self.kind!r}) got window={self.window}, chunk={self.chunk}: "
                 "'sliding' and 'streaming' need exactly a window, 'chunked' exactly a chunk, "
-                "'full' and 'linear' neither"
+                "'full' and 'linear_state' neither"
             )
         if (self.kind == "streaming") != (self.sink_tokens > 0) or self.sink_tokens < 0:
             raise ValueError(
@@ -76,8 +76,8 @@ class LayerKind:
         return cls("streaming", window=window, sink_tokens=sink_tokens)
 
     @classmethod
-    def linear(cls) -> LayerKind:
-        return cls("linear")
+    def linear_state(cls) -> LayerKind:
+        return cls("linear_state")
 
 
 @attrs.frozen(kw_only=True)

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
-from unified_attn.backends.linear_state import LinearStateBackend
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.layers import (
     FLOAT32_PARAMS,
@@ -23,6 +22,7 @@ from unified_attn.models.layers import (
     norm_identity,
 )
 from unified_attn.models.rope import RotaryEmbedding
+from unified_attn.selector import SelectorConfig, select_backend
 
 # (kind, sliding_window, attention_chunk_size, sink tokens): layers with equal keys share a backend
 BackendKey = tuple[str, int | None, int | None, int]
@@ -30,7 +30,7 @@ BackendKey = tuple[str, int | None, int | None, int]
 
 def _backend_key(kind: LayerKind) -> BackendKey:
     return (
-        ("linear" if kind.kind == "linear" else "attention"),
+        ("linear" if kind.kind == "linear_state" else "attention"),
         kind.window,
         kind.chunk,
         kind.sink_tokens,
@@ -73,7 +73,9 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.backends = self._make_backends(config, backend_cls, dtype, backend_options or {})
+        self.backends = self._make_backends(
+            config, backend_cls, dtype, torch.device(device), backend_options or {}
+        )
         with torch.device("meta"):  # no init cost, no global RNG use
             self.model = _Backbone(config, self.backends)
             self.lm_head = (
@@ -94,17 +96,28 @@ class DecoderModel(nn.Module):
         config: ModelConfig,
         backend_cls: type[AttentionBackend],
         dtype: torch.dtype,
+        device: torch.device,
         options: dict[str, Any],
     ) -> dict[BackendKey, AttentionBackend]:
-        """One instance per distinct attention kind, in first-seen layer order. Linear layers
-        use the state backend whatever attention backend was selected."""
+        """One instance per distinct attention kind, in first-seen layer order. State layers
+        use the backend the selector picks for their layer kind, whatever attention backend
+        was selected."""
         backends: dict[BackendKey, AttentionBackend] = {}
         for kind in config.layer_kinds:
             key = _backend_key(kind)
             if key in backends:
                 continue
-            if kind.kind == "linear":
-                backends[key] = LinearStateBackend(
+            if kind.kind == "linear_state":
+                state_cls = select_backend(
+                    SelectorConfig(
+                        head_size=config.head_size,
+                        dtype=dtype,
+                        device=device.type,
+                        use_batch_invariant=options.get("batch_invariant", False),
+                        layer_kind="linear_state",
+                    )
+                )
+                backends[key] = state_cls(
                     num_heads=config.num_heads, head_size=config.head_size, dtype=dtype, **options
                 )
             else:

@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
 
 
 def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> LayerConfig:
-    linear = kind.kind == "linear"  # state layers: one "KV" head per query head, no window
+    linear = kind.kind == "linear_state"  # state layers: one "KV" head per query head, no window
     return LayerConfig(
         name=f"model.layers.{index}.self_attn",
         num_heads=config.num_heads,
@@ -118,7 +118,7 @@ class DecoderLayer(nn.Module):
         eps, hidden, style = config.rms_norm_eps, config.hidden_size, config.norm_style
         self.post_norms = config.post_norms
         self.self_attn: nn.Module
-        if kind.kind == "linear":
+        if kind.kind == "linear_state":
             self.self_attn = LinearAttention(config, layer_config, backend)
         else:
             self.self_attn = Attention(config, kind, layer_config, backend, rotary_emb)

@@ -78,11 +78,11 @@ _LLAMA4_LIKE = attrs.evolve(
     layer_kinds=_alternate(LayerKind.chunked(64), LayerKind.full(), 4, period=4),
 )
 
-# State layers (gated linear attention, `MambaManager` in align mode) between full layers.
+# State layers (gated linear attention, `StateManager` in align mode) between full layers.
 _HYBRID_LINEAR = attrs.evolve(
     _TINY_LLAMA,
     name="hybrid-linear",
-    layer_kinds=(LayerKind.linear(), LayerKind.full(), LayerKind.linear(), LayerKind.full()),
+    layer_kinds=(LayerKind.linear_state(), LayerKind.full(), LayerKind.linear_state(), LayerKind.full()),
 )
 
 # StreamingLLM: every layer sees the first 4 tokens plus a 64-token window, so a request holds

@@ -11,7 +11,14 @@ import attrs
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models import PRESETS, ByteTokenizer, DecoderModel, ModelConfig, get_preset
+from unified_attn.models import (
+    PRESETS,
+    ByteTokenizer,
+    DecoderModel,
+    LayerKind,
+    ModelConfig,
+    get_preset,
+)
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
 from unified_attn.selector import SelectorConfig, batch_invariant_from_env, select_backend
 from unified_attn.tensor_specs import as_dtype
@@ -32,9 +39,11 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def selector_configs(config: ModelConfig, dtype: torch.dtype, engine: Any) -> list[SelectorConfig]:
-    """One SelectorConfig per distinct attention kind of the model."""
+    """One SelectorConfig per distinct attention kind of the model (state layers select their
+    own backend in `DecoderModel`)."""
     invariant = engine.batch_invariant or batch_invariant_from_env()
-    kinds = dict.fromkeys((k.window, k.chunk, k.has_sinks) for k in config.layer_kinds)
+    attention = [k for k in config.layer_kinds if k.kind != "linear_state"] or [LayerKind.full()]
+    kinds = dict.fromkeys((k.window, k.chunk, k.has_sinks) for k in attention)
     return [
         SelectorConfig(
             head_size=config.head_size,
