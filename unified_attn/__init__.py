@@ -7,10 +7,10 @@ from unified_attn.managers import (
     FullAttentionManager,
     KVCacheGroup,
     KVCacheManager,
-    StateManager,
     SchedulerKVCacheConfig,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
+    StateManager,
     StreamingSinkManager,
 )
 from unified_attn.request import Request, RequestStatus
@@ -27,7 +27,6 @@ __all__ = [
     "KVCacheGroup",
     "KVCacheManager",
     "LLMEngine",
-    "StateManager",
     "Request",
     "RequestOutput",
     "RequestStatus",
@@ -35,6 +34,7 @@ __all__ = [
     "SchedulerKVCacheConfig",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
+    "StateManager",
     "StreamingSinkManager",
     "__version__",
 ]

@@ -7,9 +7,9 @@ from unified_attn.managers import (
     FullAttentionManager,
     HybridCoordinator,
     KVCacheGroup,
-    StateManager,
     NoPrefixCacheCoordinator,
     SlidingWindowManager,
+    StateManager,
     UnitaryCoordinator,
 )
 

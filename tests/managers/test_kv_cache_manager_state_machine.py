@@ -28,9 +28,9 @@ from unified_attn.managers import (
     KVCacheBlocks,
     KVCacheGroup,
     KVCacheManager,
-    StateManager,
     SchedulerKVCacheConfig,
     SlidingWindowManager,
+    StateManager,
     StreamingSinkManager,
 )
 from unified_attn.managers.base import cdiv

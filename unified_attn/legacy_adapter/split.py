@@ -21,8 +21,8 @@ from unified_attn.legacy_adapter.specs import (
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
-    StateManager,
     SlidingWindowManager,
+    StateManager,
 )
 from unified_attn.tensor_specs import PagedKVSpec, StateSpec
 

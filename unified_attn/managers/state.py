@@ -32,9 +32,7 @@ def _check_mode(_instance: object, attribute: attrs.Attribute, value: str) -> No
 class StateManager(SingleTypeKVCacheManager):
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        cache_mode: Literal["none", "align"] = attrs.field(
-            default="none", validator=_check_mode
-        )
+        cache_mode: Literal["none", "align"] = attrs.field(default="none", validator=_check_mode)
         num_speculative_blocks: int = attrs.field(default=0, validator=check_non_negative)
 
         def __attrs_post_init__(self) -> None:

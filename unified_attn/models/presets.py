@@ -82,7 +82,7 @@ _LLAMA4_LIKE = attrs.evolve(
 _HYBRID_LINEAR = attrs.evolve(
     _TINY_LLAMA,
     name="hybrid-linear",
-    layer_kinds=(LayerKind.linear_state(), LayerKind.full(), LayerKind.linear_state(), LayerKind.full()),
+    layer_kinds=(LayerKind.linear_state(), LayerKind.full()) * 2,
 )
 
 # StreamingLLM: every layer sees the first 4 tokens plus a 64-token window, so a request holds
