@@ -43,7 +43,7 @@ class StateHarness:
 
     def __init__(self, mode):
         self.backend = LinearStateBackend(num_heads=H, head_size=D, dtype="float32",
-                                          cache_mode=mode)  # fmt: skip
+                                          mamba_cache_mode=mode)  # fmt: skip
         manager_cls, config, spec = self.backend.get_cache_config()
         self.kv = KVCacheManager(SchedulerKVCacheConfig(32, BS, [(manager_cls, config)]), 512)
         page = spec.page_size_bytes(BS)

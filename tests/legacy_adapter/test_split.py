@@ -66,7 +66,7 @@ def test_a_promoted_window_in_a_full_spec_keeps_every_block():
 
 def test_mamba_policy_fields_become_the_manager_config():
     spec = MambaSpec(block_size=16, shapes=[(4,)], dtypes=["float32"], mamba_cache_mode="align")
-    assert split_spec(spec)[1] == StateManager.Config(cache_mode="align")
+    assert split_spec(spec)[1] == StateManager.Config(mamba_cache_mode="align")
 
 
 def test_unknown_spec_types_are_rejected_with_the_known_ones():

@@ -66,7 +66,7 @@ def test_cached_length_is_rounded_down_to_the_lcm():
 
 
 def test_a_state_group_without_caching_blocks_every_hit():
-    groups = [FULL, (StateManager, StateManager.Config(cache_mode="none"))]
+    groups = [FULL, (StateManager, StateManager.Config(mamba_cache_mode="none"))]
     m = make_manager(num_blocks=30, block_size=4, groups=groups)
     a = make_request(m, "A", range(20))
     admit(m, a)

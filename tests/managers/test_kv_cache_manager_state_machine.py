@@ -67,7 +67,7 @@ def chunked(chunk: int) -> KVCacheGroup:
 
 
 def state(mode: str, bs: int | None = None) -> KVCacheGroup:
-    return KVCacheGroup(StateManager, StateManager.Config(cache_mode=mode), bs)
+    return KVCacheGroup(StateManager, StateManager.Config(mamba_cache_mode=mode), bs)
 
 
 def sink(num_sink_tokens: int, window: int) -> KVCacheGroup:

@@ -7,7 +7,7 @@ from unified_attn.managers import FullAttentionManager, StateManager
 
 
 def state_group(mode="none", spec=0):
-    return (StateManager, StateManager.Config(cache_mode=mode, num_speculative_blocks=spec))
+    return (StateManager, StateManager.Config(mamba_cache_mode=mode, num_speculative_blocks=spec))
 
 
 def test_none_mode_holds_one_state_block_plus_speculative_ones():
@@ -86,9 +86,16 @@ def test_hybrid_attention_hit_is_limited_by_the_state_checkpoint():
 
 
 def test_unknown_mode_and_align_with_speculative_blocks_are_rejected():
-    with pytest.raises(ValueError, match="cache_mode"):
-        StateManager.Config(cache_mode="all")
+    with pytest.raises(ValueError, match="mamba_cache_mode"):
+        StateManager.Config(mamba_cache_mode="all")
     with pytest.raises(ValueError, match="num_speculative_blocks"):
-        StateManager.Config(cache_mode="align", num_speculative_blocks=1)
+        StateManager.Config(mamba_cache_mode="align", num_speculative_blocks=1)
     with pytest.raises(ValueError, match="num_speculative_blocks"):
         StateManager.Config(num_speculative_blocks=-1)
+
+
+def test_vllm_name_is_the_same_manager():
+    from unified_attn.managers import MambaManager
+
+    assert MambaManager is StateManager
+    assert MambaManager.Config(mamba_cache_mode="align") == StateManager.Config("align")

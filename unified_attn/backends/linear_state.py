@@ -42,12 +42,12 @@ class LinearStateBackend(AttentionBackend):
         num_heads: int,
         head_size: int,
         dtype: torch.dtype | str,
-        cache_mode: Literal["none", "align"] = "align",
+        mamba_cache_mode: Literal["none", "align"] = "align",
         **options: Any,
     ) -> None:
         super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
         self.num_heads = num_heads
-        self.manager_config = StateManager.Config(cache_mode=cache_mode)
+        self.manager_config = StateManager.Config(mamba_cache_mode=mamba_cache_mode)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -82,7 +82,7 @@ class LinearStateBackend(AttentionBackend):
         qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
         computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
         self.requests: dict[int, list[tuple[int, int, int | None, int]]] = {}
-        align = self.manager_config.cache_mode == "align"
+        align = self.manager_config.mamba_cache_mode == "align"
         for gid in set(self.group_of_layer.values()):
             table = block_tables[gid].cpu().tolist()
             bs = common.block_sizes[gid]

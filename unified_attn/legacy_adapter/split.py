@@ -43,7 +43,7 @@ def _chunked(spec: Any) -> CacheConfig:
 
 def _mamba(spec: Any) -> CacheConfig:
     config = StateManager.Config(
-        cache_mode=spec.mamba_cache_mode, num_speculative_blocks=spec.num_speculative_blocks
+        mamba_cache_mode=spec.mamba_cache_mode, num_speculative_blocks=spec.num_speculative_blocks
     )
     return StateManager, config, StateSpec(spec.shapes, spec.dtypes)
 

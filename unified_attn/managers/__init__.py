@@ -21,7 +21,7 @@ from unified_attn.managers.hashing import (
 )
 from unified_attn.managers.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from unified_attn.managers.sliding_window import SlidingWindowManager
-from unified_attn.managers.state import StateManager
+from unified_attn.managers.state import MambaManager, StateManager
 from unified_attn.managers.streaming_sink import StreamingSinkManager
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "KVCacheCoordinator",
     "KVCacheGroup",
     "KVCacheManager",
+    "MambaManager",
     "NoPrefixCacheCoordinator",
     "PrefixCacheStats",
     "SchedulerKVCacheConfig",

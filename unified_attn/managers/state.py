@@ -26,20 +26,26 @@ STATE_CACHE_MODES = ("none", "align")
 
 def _check_mode(_instance: object, attribute: attrs.Attribute, value: str) -> None:
     if value not in STATE_CACHE_MODES:
-        raise ValueError(f"cache_mode must be one of {STATE_CACHE_MODES}, got {value!r}")
+        raise ValueError(f"mamba_cache_mode must be one of {STATE_CACHE_MODES}, got {value!r}")
 
 
 class StateManager(SingleTypeKVCacheManager):
+    """Blocks that each hold one request's recurrent state (one per request in mode "none",
+    one checkpoint per block boundary in mode "align"). `mamba_cache_mode` keeps vLLM's name
+    for the same switch."""
+
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        cache_mode: Literal["none", "align"] = attrs.field(default="none", validator=_check_mode)
+        mamba_cache_mode: Literal["none", "align"] = attrs.field(
+            default="none", validator=_check_mode
+        )
         num_speculative_blocks: int = attrs.field(default=0, validator=check_non_negative)
 
         def __attrs_post_init__(self) -> None:
-            if self.cache_mode == "align" and self.num_speculative_blocks:
+            if self.mamba_cache_mode == "align" and self.num_speculative_blocks:
                 raise ValueError(
-                    "num_speculative_blocks > 0 needs cache_mode='none' "
-                    f"(got cache_mode='align', num_speculative_blocks="
+                    "num_speculative_blocks > 0 needs mamba_cache_mode='none' "
+                    f"(got mamba_cache_mode='align', num_speculative_blocks="
                     f"{self.num_speculative_blocks})"
                 )
 
@@ -48,7 +54,7 @@ class StateManager(SingleTypeKVCacheManager):
 
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        self.align = config.cache_mode == "align"
+        self.align = config.mamba_cache_mode == "align"
         self.caches_only_at_step_ends = self.align  # type: ignore[misc]
         # align mode: non-null positions of each request's table (at most a few).
         self.live_positions: dict[str, list[int]] = {}
@@ -171,3 +177,8 @@ class StateManager(SingleTypeKVCacheManager):
             if cached is not None:
                 return [self.null_block] * i + [cached[0]], (i + 1) * self.block_size
         return [], 0
+
+
+# vLLM's name for this manager, kept because the public contract (and code ported from vLLM)
+# uses it: the same class, not a second implementation.
+MambaManager = StateManager
