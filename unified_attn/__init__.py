@@ -1,11 +1,32 @@
 """unified_attn: one class per attention backend, worker-driven KV-cache allocation, and
-KV-cache managers with vLLM v1 semantics."""
+KV-cache managers with vLLM v1 semantics.
 
+The public API, by who uses it:
+
+- **Running models**: `LLMEngine`, `EngineConfig`, `SamplingParams`, `RequestOutput`.
+- **Writing a backend** (the contract is on `AttentionBackend`): `AttentionBackend`,
+  `AttentionType`, `LayerConfig`, `CommonAttentionMetadata`, `CacheConfig`, `register_backend`,
+  `select_backend`, `SelectorConfig`, and the tensor specs `KVCacheTensorSpec`, `PagedKVSpec`,
+  `StateSpec`. Four-class backends go through `unified_attn.legacy_adapter`.
+- **Writing a KV-cache policy**: `SingleTypeKVCacheManager` and the managers to subclass
+  (`FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`,
+  `StreamingSinkManager`, `StateManager`), and `KVCacheManager` with `SchedulerKVCacheConfig`
+  to drive a policy on its own.
+
+Everything else is importable from its module (`unified_attn.managers.block_pool`,
+`unified_attn.runner.scheduler`, ...) but is not part of the API.
+"""
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CacheConfig,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
 from unified_attn.managers import (
-    BlockPool,
     ChunkedLocalAttentionManager,
     FullAttentionManager,
-    KVCacheGroup,
     KVCacheManager,
     SchedulerKVCacheConfig,
     SingleTypeKVCacheManager,
@@ -13,28 +34,37 @@ from unified_attn.managers import (
     StateManager,
     StreamingSinkManager,
 )
-from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.engine import EngineConfig, LLMEngine, RequestOutput
 from unified_attn.sampling_params import SamplingParams
+from unified_attn.selector import SelectorConfig, register_backend, select_backend
+from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BlockPool",
+# running models
+__all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]
+# writing a backend
+__all__ += [
+    "AttentionBackend",
+    "AttentionType",
+    "CacheConfig",
+    "CommonAttentionMetadata",
+    "KVCacheTensorSpec",
+    "LayerConfig",
+    "PagedKVSpec",
+    "SelectorConfig",
+    "StateSpec",
+    "register_backend",
+    "select_backend",
+]
+# writing a KV-cache policy
+__all__ += [
     "ChunkedLocalAttentionManager",
-    "EngineConfig",
     "FullAttentionManager",
-    "KVCacheGroup",
     "KVCacheManager",
-    "LLMEngine",
-    "Request",
-    "RequestOutput",
-    "RequestStatus",
-    "SamplingParams",
     "SchedulerKVCacheConfig",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
     "StateManager",
     "StreamingSinkManager",
-    "__version__",
 ]

@@ -1,16 +1,81 @@
 """The unified attention-backend contract: one class per backend.
 
-A backend declares its KV-cache needs (`get_cache_config`), receives its cache views once
-(`bind_kv_caches`), does all host work of a step once (`prep_forward`) and runs device work per
-layer (`forward`). Layers sharing an instance share its static parameters; per-layer parameters
-come through `LayerConfig`.
+A backend is one class with four methods. The engine calls them in this order:
+
+1. **Construction** with the static parameters shared by every layer the instance serves
+   (`num_kv_heads`, `head_size`, `dtype`, `sliding_window`, `attention_chunk_size`,
+   `kv_cache_dtype`, `batch_invariant`, `num_sink_tokens`, backend-specific `**options`). The
+   model builds one instance per attention kind and hands it to all layers of that kind.
+2. **Planning** (before any memory exists): `get_cache_config()`, any number of times, and
+   `check_layer(layer)` for every layer the instance serves.
+3. **`bind_kv_caches(views, groups)`** once, after the worker has allocated the cache.
+4. **Every step**: `prep_forward(common, block_tables)` exactly once, then `forward(layer, ...)`
+   once per layer, in layer order, reading what `prep_forward` planned.
+
+The rules a backend keeps:
+
+- `get_cache_config` is pure: the same triple on every call, no side effects; layers are
+  grouped by the `(manager_cls, config)` it returns.
+- `prep_forward` does all host work of the step (index math, `.tolist()`, host-to-device
+  copies, kernel plans) and stores it as **one typed plan object**, `self.plan`, whose type the
+  backend declares (an attrs class, frozen where it can be, each field's device stated). It
+  sets no other attribute. With `for_cudagraph_capture=True` the plan must read only tensors
+  that later replays overwrite in place (the runner's persistent buffers, views of them, and
+  scratch the backend sizes for the largest captured batch).
+- `forward` may be captured in a CUDA graph (when `supports_cuda_graphs()` is True), so it must
+  not allocate memory that outlives the call, synchronise with the host, call `.item()` /
+  `.tolist()` / `.cpu()`, or read host tensors; it reads only its arguments, `self.plan` and
+  the bound caches. It writes the new keys and values into the layer's cache at the group's slot
+  mapping (slot -1 is padding: nothing is written) and the attention result into `output`.
+- Bad input (shape, dtype, device) raises `ValueError` naming the layer, the expected and the
+  found value (`check_forward_inputs`).
+
+A minimal backend (the reference backend in `backends/reference.py` is a complete one):
+
+```python
+import attrs
+import torch
+
+from unified_attn import AttentionBackend, register_backend
+
+
+@attrs.frozen
+class CopyPlan:
+    rows: dict[int, torch.Tensor]  # device: group id -> [W] rows of new tokens with a slot
+    blocks: dict[int, torch.Tensor]  # device: group id -> [W] block id of each such row
+    offsets: dict[int, torch.Tensor]  # device: group id -> [W] offset inside that block
+
+
+@register_backend(priority={"cpu": 1})
+class ValueCopyBackend(AttentionBackend[CopyPlan]):
+    # Writes the cache, then returns each token's own value (a toy, not attention).
+    name = "value-copy"
+
+    def prep_forward(self, common, block_tables, for_cudagraph_capture=False):
+        rows, blocks, offsets = {}, {}, {}
+        for gid, slots in common.slot_mappings.items():
+            size = common.block_sizes[gid]
+            rows[gid] = torch.nonzero(slots >= 0).flatten()
+            blocks[gid], offsets[gid] = slots[rows[gid]] // size, slots[rows[gid]] % size
+        self.plan = CopyPlan(rows, blocks, offsets)
+
+    def forward(self, layer, output, query, key, value, **kwargs):
+        q, k, v = self.check_forward_inputs(layer, output, query, key, value)
+        plan, gid = self.current_plan(), self.group_of_layer[layer.name]
+        rows, blocks, offsets = plan.rows[gid], plan.blocks[gid], plan.offsets[gid]
+        cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
+        cache[blocks, 0, offsets] = k[rows]
+        cache[blocks, 1, offsets] = v[rows]
+        output.view(q.shape)[:] = v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        return output
+```
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import attrs
 import torch
@@ -28,6 +93,7 @@ if TYPE_CHECKING:
     from unified_attn.selector import SelectorConfig
 
 CacheConfig = tuple[type[SingleTypeKVCacheManager], Any, KVCacheTensorSpec]
+PlanT = TypeVar("PlanT")  # a backend's per-step plan type
 
 
 class AttentionType(str, enum.Enum):
@@ -73,38 +139,53 @@ class LayerConfig:
         return self.attn_type == AttentionType.DECODER
 
 
-@attrs.define
+@attrs.frozen
 class CommonAttentionMetadata:
-    """Backend-agnostic batch description, built once per step by the runner.
+    """Backend-agnostic batch description, built once per step by the runner and shared by every
+    backend's `prep_forward`.
 
-    Requests are rows; their new tokens are packed: request i owns tokens
-    `[query_start_loc[i], query_start_loc[i + 1])`. `seq_lens` = computed + new tokens.
+    Requests are rows `0..B-1`; their new tokens are packed: request i owns token rows
+    `[query_start_loc[i], query_start_loc[i + 1])` at positions `num_computed_tokens[i] + j`.
+    Fields named `*_cpu` and the plain ints are host values; the others live on the model's
+    device. Under CUDA graphs the device tensors are views of persistent buffers, padded to the
+    captured batch size (padding rows: sequence length 0, slot -1).
     """
 
-    query_start_loc: torch.Tensor  # [B + 1] int32, device
-    query_start_loc_cpu: torch.Tensor  # [B + 1] int32
-    seq_lens: torch.Tensor  # [B] int32, device
-    seq_lens_cpu: torch.Tensor  # [B] int32
-    num_computed_tokens_cpu: torch.Tensor  # [B] int32
-    positions: torch.Tensor  # [T] int64, device
-    num_reqs: int
-    num_actual_tokens: int
-    max_query_len: int
-    max_seq_len: int
-    slot_mappings: dict[int, torch.Tensor]  # group id -> [T] int64, -1 = padding
-    block_sizes: dict[int, int] = attrs.Factory(dict)  # group id -> tokens per block
+    query_start_loc: torch.Tensor  # device [B + 1] int32
+    query_start_loc_cpu: torch.Tensor  # host [B + 1] int32
+    seq_lens: torch.Tensor  # device [B] int32: computed + new tokens
+    seq_lens_cpu: torch.Tensor  # host [B] int32
+    num_computed_tokens_cpu: torch.Tensor  # host [B] int32: tokens already in the cache
+    positions: torch.Tensor  # device [T] int64
+    num_reqs: int  # host: B
+    num_actual_tokens: int  # host: T (tokens with data; device tensors may be longer)
+    max_query_len: int  # host
+    max_seq_len: int  # host
+    slot_mappings: dict[int, torch.Tensor]  # device: group id -> [T] int64 slot, -1 = padding
+    block_sizes: dict[int, int] = attrs.Factory(dict)  # host: group id -> tokens per block
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:
         return self.query_start_loc_cpu[1:] - self.query_start_loc_cpu[:-1]
 
 
-class AttentionBackend(ABC):
-    """One instance serves every layer with the same static parameters."""
+class AttentionBackend(ABC, Generic[PlanT]):
+    """One instance serves every layer with the same static parameters.
+
+    Subclass it as `AttentionBackend[MyPlan]`, set `name`, implement `prep_forward` (build a
+    `MyPlan`, store it in `self.plan`) and `forward`; override `get_cache_config` for a cache
+    other than paged K/V under the window / chunk manager, and the capability class methods
+    for what the backend supports. The module docstring states the call order and rules.
+    """
 
     name: ClassVar[str]
     # The layer kinds this backend computes (`SelectorConfig.layer_kind`).
     layer_kinds: ClassVar[tuple[str, ...]] = ("attention",)
+    # What `prep_forward` planned for the current step; `forward` reads it.
+    plan: PlanT | None
+    # Bound by `bind_kv_caches`: layer name -> cache view, layer name -> KV-cache group id.
+    kv_caches: dict[str, Any]
+    group_of_layer: dict[str, int]
 
     def __init__(
         self,
@@ -141,8 +222,9 @@ class AttentionBackend(ABC):
         # StreamingLLM: queries also see the first `num_sink_tokens` tokens, kept forever.
         self.num_sink_tokens = num_sink_tokens
         self.options = options
-        self.kv_caches: dict[str, torch.Tensor] = {}
-        self.group_of_layer: dict[str, int] = {}
+        self.kv_caches = {}
+        self.group_of_layer = {}
+        self.plan = None
         if options:
             raise ValueError(
                 f"{type(self).__name__} got unknown options {sorted(options)}; "
@@ -175,7 +257,12 @@ class AttentionBackend(ABC):
     # ---- the contract --------------------------------------------------------------------------
 
     def get_cache_config(self) -> CacheConfig:
-        """`(manager_cls, manager_cls.Config(...), tensor spec)`; pure: same triple every call."""
+        """`(manager_cls, manager_cls.Config(...), tensor spec)` for every layer this instance
+        serves. Pure: the same triple on every call, nothing else changes. The worker groups
+        layers by `(manager_cls, config)` equality and sizes pages with the spec.
+
+        The default: paged K/V (`PagedKVSpec`) under the manager of this instance's kind
+        (full, sliding window, chunked local, or StreamingLLM sinks + window)."""
         manager: type[SingleTypeKVCacheManager]
         if self.sliding_window is not None and self.num_sink_tokens:
             manager = StreamingSinkManager
@@ -193,10 +280,11 @@ class AttentionBackend(ABC):
         spec = PagedKVSpec(self.num_kv_heads, self.head_size, self.kv_cache_dtype)
         return manager, config, spec
 
-    def bind_kv_caches(
-        self, kv_caches: dict[str, torch.Tensor], block_table_map: dict[str, int]
-    ) -> None:
-        """Keep the cache view and the KV-cache group of every layer this instance serves."""
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        """Called once, after allocation. `kv_caches[layer_name]` is the view the layer's tensor
+        spec made (for `PagedKVSpec`: `[num_blocks, 2, block_size, num_kv_heads, head_size]`,
+        index 0 = K, 1 = V; views of different groups may alias the same bytes), and
+        `block_table_map[layer_name]` its KV-cache group id. Keep what the layers need."""
         self.kv_caches = dict(kv_caches)
         self.group_of_layer = dict(block_table_map)
 
@@ -207,7 +295,16 @@ class AttentionBackend(ABC):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        """All host work of a step: index tensors, plans, copies into persistent buffers."""
+        """All host work of a step, once, before the model forward: build this backend's plan
+        and store it in `self.plan` (and nothing else).
+
+        `common`: the batch (see `CommonAttentionMetadata`). `block_tables[gid]`: device
+        `[num_reqs, max_blocks]` int32 physical block ids of each request, for the KV-cache
+        groups this instance's layers belong to; position j holds tokens
+        `[j * block_size, (j + 1) * block_size)`, and positions a manager freed (outside a
+        window) hold stale ids or the null block 0 and must not be read. With
+        `for_cudagraph_capture=True` the tensors are the persistent buffers a graph is captured
+        over: plan only with views of them and scratch sized for any later replay."""
 
     @abstractmethod
     def forward(
@@ -219,7 +316,24 @@ class AttentionBackend(ABC):
         value: torch.Tensor,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """Write K/V at the group's slot mapping, attend, write `output [T, Hq * D]`."""
+        """One layer of the step planned by `prep_forward`: write `key`/`value` into the layer's
+        cache at its group's slot mapping (slot -1: skip), attend, fill `output`, return it.
+
+        `query [T, num_heads * head_size]`, `key`/`value [T, num_kv_heads * head_size]` (or
+        their `[T, heads, head_size]` views), `output [T, num_heads * head_size]`, all of the
+        backend's dtype on one device; T may exceed `common.num_actual_tokens` (CUDA-graph
+        padding). `kwargs`: per-layer tensors such as `sinks [num_heads]` float32 (learned sink
+        logits) and `alibi_slopes [num_heads]`. No allocation that outlives the call, no host
+        sync, no host tensors: the call may be captured in a CUDA graph."""
+
+    def current_plan(self) -> PlanT:
+        """The plan `prep_forward` stored for this step (for `forward`)."""
+        if self.plan is None:
+            raise RuntimeError(
+                f"{self.name}: forward ran before prep_forward; the runner calls "
+                "prep_forward(common, block_tables) once per step before the model forward"
+            )
+        return self.plan
 
     # ---- helpers for implementations -----------------------------------------------------------
 

@@ -107,7 +107,7 @@ def test_one_builder_per_group_with_the_bound_block_size():
     batch = make_batch([3], [2], num_kv_heads=2, head_size=8, block_size=4, num_blocks=32)
     batch.common.slot_mappings[5] = batch.common.slot_mappings[0]
     adapter.prep_forward(batch.common, {0: batch.block_table, 5: batch.block_table})
-    assert sorted(adapter.metadata) == [0, 5]
+    assert sorted(adapter.current_plan().metadata) == [0, 5]
     with pytest.raises(ValueError, match="group 9"):
         adapter.prep_forward(batch.common, {9: batch.block_table})
 

@@ -14,8 +14,8 @@ from unified_attn.legacy_adapter import (
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
-    StateManager,
     SlidingWindowManager,
+    StateManager,
 )
 from unified_attn.tensor_specs import PagedKVSpec, StateSpec
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from unified_attn.managers import (
-    BlockPool,
-    FullAttentionManager,
-    KVCacheManager,
-    SchedulerKVCacheConfig,
-)
+from unified_attn.managers import FullAttentionManager, KVCacheManager, SchedulerKVCacheConfig
+from unified_attn.managers.block_pool import BlockPool
 from unified_attn.request import Request
 
 FULL = (FullAttentionManager, FullAttentionManager.Config())

@@ -1,6 +1,7 @@
 import pytest
 
-from unified_attn.managers import BlockPool, FreeKVCacheBlockQueue, KVCacheBlock
+from unified_attn.managers.block_pool import BlockPool
+from unified_attn.managers.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from unified_attn.managers.hashing import with_group_id
 
 

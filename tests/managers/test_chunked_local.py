@@ -3,7 +3,8 @@
 import pytest
 
 from tests.managers.helpers import admit, make_manager, make_request, step
-from unified_attn.managers import BlockPool, ChunkedLocalAttentionManager
+from unified_attn.managers import ChunkedLocalAttentionManager
+from unified_attn.managers.block_pool import BlockPool
 
 
 def chunked(chunk):

@@ -5,11 +5,13 @@ import attrs
 from tests.managers.helpers import FULL, admit, make_manager, make_request
 from unified_attn.managers import (
     FullAttentionManager,
-    HybridCoordinator,
     KVCacheGroup,
-    NoPrefixCacheCoordinator,
     SlidingWindowManager,
     StateManager,
+)
+from unified_attn.managers.coordinator import (
+    HybridCoordinator,
+    NoPrefixCacheCoordinator,
     UnitaryCoordinator,
 )
 

@@ -3,7 +3,8 @@
 import pytest
 
 from tests.managers.helpers import admit, ids, make_manager, make_request, step
-from unified_attn.managers import BlockPool, SlidingWindowManager
+from unified_attn.managers import SlidingWindowManager
+from unified_attn.managers.block_pool import BlockPool
 
 
 def swa(window):

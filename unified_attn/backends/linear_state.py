@@ -11,8 +11,9 @@ the block of `StateManager` (mode "none": table column 0; mode "align": read at 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+import attrs
 import torch
 
 from unified_attn.backend import (
@@ -29,8 +30,22 @@ from unified_attn.tensor_specs import StateSpec
 CHUNK = 64
 
 
+class StateRow(NamedTuple):
+    """One request of a step in a state group (host ints)."""
+
+    start: int  # first token row
+    end: int  # one past its last token row
+    read: int | None  # block holding the state to start from; None: start from zeros
+    write: int  # block that receives the state after the last token
+
+
+@attrs.frozen
+class StatePlan:
+    requests: dict[int, list[StateRow]]  # host: group id -> one row per request
+
+
 @register_backend(priority={"cpu": 100, "cuda": 100})
-class LinearStateBackend(AttentionBackend):
+class LinearStateBackend(AttentionBackend[StatePlan]):
     """One instance serves every linear-attention layer with the same head shape."""
 
     name = "linear-state"
@@ -48,6 +63,7 @@ class LinearStateBackend(AttentionBackend):
         super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
         self.num_heads = num_heads
         self.manager_config = StateManager.Config(mamba_cache_mode=mamba_cache_mode)
+        self.states: dict[str, torch.Tensor] = {}  # layer name -> [num_blocks, H, D, D] float32
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -81,8 +97,8 @@ class LinearStateBackend(AttentionBackend):
         num_reqs = common.num_reqs
         qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
         computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
-        self.requests: dict[int, list[tuple[int, int, int | None, int]]] = {}
         align = self.manager_config.mamba_cache_mode == "align"
+        requests: dict[int, list[StateRow]] = {}
         for gid in set(self.group_of_layer.values()):
             table = block_tables[gid].cpu().tolist()
             bs = common.block_sizes[gid]
@@ -94,11 +110,12 @@ class LinearStateBackend(AttentionBackend):
                     write = table[i][(done + end - start - 1) // bs]
                 else:
                     read, write = (table[i][0] if done else None), table[i][0]
-                rows.append((start, end, read, write))
-            self.requests[gid] = rows
+                rows.append(StateRow(start, end, read, write))
+            requests[gid] = rows
+        self.plan = StatePlan(requests)
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        self.states = {name: views[0] for name, views in kv_caches.items()}  # [NB, H, D, D]
+        self.states = {name: views[0] for name, views in kv_caches.items()}
         self.group_of_layer = dict(block_table_map)
 
     def forward(
@@ -114,7 +131,8 @@ class LinearStateBackend(AttentionBackend):
         log_gate = kwargs["log_gate"]  # [T, H] float32, log g_t <= 0
         states = self.states[layer.name]
         out = output.view(q.shape)
-        for start, end, read, write in self.requests[self.group_of_layer[layer.name]]:
+        plan = self.current_plan()
+        for start, end, read, write in plan.requests[self.group_of_layer[layer.name]]:
             state = (
                 states[read].clone()
                 if read is not None

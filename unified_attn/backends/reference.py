@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import attrs
 import torch
 
 from unified_attn.backend import (
@@ -21,8 +22,35 @@ from unified_attn.backend import (
 from unified_attn.selector import SelectorConfig, register_backend
 
 
+@attrs.frozen
+class GroupIndex:
+    """Where one KV-cache group's layers write and read in a step (device tensors)."""
+
+    write_rows: torch.Tensor  # [W] token rows that have a slot
+    write_blocks: torch.Tensor  # [W] block id of each
+    write_offsets: torch.Tensor  # [W] offset inside that block
+    decode_blocks: torch.Tensor  # [Bd, S] block id of key position s of each decode row
+    decode_offsets: torch.Tensor  # [S] offset of key position s
+    # prefill row index -> (block id [S_i], offset [S_i]) of each of its key positions
+    prefill_keys: dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+@attrs.frozen
+class ReferencePlan:
+    """The reference backend's step: decode rows (one query token) in one padded batch, the
+    other rows one by one."""
+
+    query_ranges: list[tuple[int, int]]  # host: token rows of each request
+    computed: list[int]  # host: tokens of each request already in the cache
+    prefill_rows: list[int]  # host: requests with more than one query token
+    decode_tokens: torch.Tensor  # device [Bd] int64: token row of each decode request
+    decode_pos: torch.Tensor  # device [Bd]: position of that token
+    decode_valid: torch.Tensor  # device [Bd, S] bool: key positions each decode row may read
+    groups: dict[int, GroupIndex]  # KV-cache group id -> its indices
+
+
 @register_backend(priority={"cpu": 100, "cuda": 10})
-class ReferenceAttentionBackend(AttentionBackend):
+class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
     name = "reference"
 
     @classmethod
@@ -47,39 +75,58 @@ class ReferenceAttentionBackend(AttentionBackend):
         num_reqs = common.num_reqs
         qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
         seq_lens = common.seq_lens_cpu.tolist()[:num_reqs]
-        self.query_ranges = list(itertools.pairwise(qsl))
-        self.computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
-        # Decode rows (one query token) are attended in one batch, the others one by one.
-        decode = [i for i, (a, b) in enumerate(self.query_ranges) if b - a == 1]
-        self.prefill_rows = [i for i, (a, b) in enumerate(self.query_ranges) if b - a != 1]
+        query_ranges = list(itertools.pairwise(qsl))
+        decode = [i for i, (a, b) in enumerate(query_ranges) if b - a == 1]
         device = common.positions.device
-        self.decode_tokens = torch.tensor([qsl[i] for i in decode], dtype=torch.long, device=device)
-        self.decode_pos = torch.tensor([seq_lens[i] - 1 for i in decode], device=device)
+        decode_pos = torch.tensor([seq_lens[i] - 1 for i in decode], device=device)
         max_len = max((seq_lens[i] for i in decode), default=0)
-        self.decode_valid = torch.arange(max_len, device=device) < self.decode_pos[:, None] + 1
-        self.writes: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        # per group: "decode" -> padded decode rows, request index -> that prefill row
-        self.keys: dict[int, dict[str | int, tuple[torch.Tensor, torch.Tensor]]] = {}
-        for gid in set(self.group_of_layer.values()):
-            bs = self._block_size(gid)
-            slots = common.slot_mappings[gid][: common.num_actual_tokens].cpu()
-            rows = torch.nonzero(slots >= 0).flatten()
-            self.writes[gid] = (
-                rows.to(device),
-                (slots[rows] // bs).to(device),
-                (slots[rows] % bs).to(device),
-            )
-            table = block_tables[gid].cpu().long()
-            pos = torch.arange(max_len)
-            keys: dict[str | int, tuple[torch.Tensor, torch.Tensor]] = {
-                "decode": (table[decode][:, pos // bs].to(device), (pos % bs).to(device))
-            }
-            for i in self.prefill_rows:
-                pos_i = torch.arange(seq_lens[i])
-                keys[i] = (table[i, pos_i // bs].to(device), (pos_i % bs).to(device))
-            self.keys[gid] = keys
+        prefill_rows = [i for i, (a, b) in enumerate(query_ranges) if b - a != 1]
+        self.plan = ReferencePlan(
+            query_ranges=query_ranges,
+            computed=common.num_computed_tokens_cpu.tolist()[:num_reqs],
+            prefill_rows=prefill_rows,
+            decode_tokens=torch.tensor([qsl[i] for i in decode], dtype=torch.long, device=device),
+            decode_pos=decode_pos,
+            decode_valid=torch.arange(max_len, device=device) < decode_pos[:, None] + 1,
+            groups={
+                gid: self._group_index(
+                    common, gid, block_tables[gid], decode, prefill_rows, seq_lens, max_len
+                )
+                for gid in set(self.group_of_layer.values())
+            },
+        )
+
+    def _group_index(
+        self,
+        common: CommonAttentionMetadata,
+        gid: int,
+        block_table: torch.Tensor,
+        decode: list[int],
+        prefill_rows: list[int],
+        seq_lens: list[int],
+        max_len: int,
+    ) -> GroupIndex:
+        device = common.positions.device
+        bs = self._block_size(gid)
+        slots = common.slot_mappings[gid][: common.num_actual_tokens].cpu()
+        rows = torch.nonzero(slots >= 0).flatten()
+        table = block_table.cpu().long()
+        pos = torch.arange(max_len)
+        prefill_keys = {}
+        for i in prefill_rows:
+            pos_i = torch.arange(seq_lens[i])
+            prefill_keys[i] = (table[i, pos_i // bs].to(device), (pos_i % bs).to(device))
+        return GroupIndex(
+            write_rows=rows.to(device),
+            write_blocks=(slots[rows] // bs).to(device),
+            write_offsets=(slots[rows] % bs).to(device),
+            decode_blocks=table[decode][:, pos // bs].to(device),
+            decode_offsets=(pos % bs).to(device),
+            prefill_keys=prefill_keys,
+        )
 
     def _block_size(self, gid: int) -> int:
+        """Tokens per block of group `gid`, read off a bound cache view."""
         for name, group in self.group_of_layer.items():
             if group == gid:
                 return self.kv_caches[name].shape[2]
@@ -95,44 +142,41 @@ class ReferenceAttentionBackend(AttentionBackend):
         **kwargs: Any,
     ) -> torch.Tensor:
         q, k, v = self.check_forward_inputs(layer, output, query, key, value)
+        plan = self.current_plan()
         sinks, alibi = kwargs.get("sinks"), kwargs.get("alibi_slopes")
         out = output.view(q.shape)
         if layer.attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY):
-            for start, end in self.query_ranges:
+            for start, end in plan.query_ranges:
                 out[start:end] = attend(
                     layer, q[start:end], k[start:end], v[start:end], 0, sinks, alibi
                 )
             return output
-        gid = self.group_of_layer[layer.name]
+        index = plan.groups[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
-        rows, blocks, offsets = self.writes[gid]
-        cache[blocks, 0, offsets] = k[rows]
-        cache[blocks, 1, offsets] = v[rows]
-        keys = self.keys[gid]
-        if len(self.decode_tokens):
-            key_blocks, key_offsets = keys["decode"]  # [Bd, S], [S]
-            out[self.decode_tokens] = attend_batch(
+        cache[index.write_blocks, 0, index.write_offsets] = k[index.write_rows]
+        cache[index.write_blocks, 1, index.write_offsets] = v[index.write_rows]
+        if len(plan.decode_tokens):
+            blocks, offsets = index.decode_blocks, index.decode_offsets  # [Bd, S], [S]
+            out[plan.decode_tokens] = attend_batch(
                 layer,
-                q[self.decode_tokens][:, None],
-                cache[key_blocks, 0, key_offsets],
-                cache[key_blocks, 1, key_offsets],
-                self.decode_pos[:, None],
-                self.decode_valid,
+                q[plan.decode_tokens][:, None],
+                cache[blocks, 0, offsets],
+                cache[blocks, 1, offsets],
+                plan.decode_pos[:, None],
+                plan.decode_valid,
                 sinks,
                 alibi,
                 self.num_sink_tokens,
             )[:, 0]
-        for i in self.prefill_rows:
-            start, end = self.query_ranges[i]
-            key_blocks, key_offsets = keys[i]
-            k_seq = cache[key_blocks, 0, key_offsets]  # [S, Hkv, D]
-            v_seq = cache[key_blocks, 1, key_offsets]
+        for i in plan.prefill_rows:
+            start, end = plan.query_ranges[i]
+            blocks, offsets = index.prefill_keys[i]
             out[start:end] = attend(
                 layer,
                 q[start:end],
-                k_seq,
-                v_seq,
-                self.computed[i],
+                cache[blocks, 0, offsets],  # [S, Hkv, D]
+                cache[blocks, 1, offsets],
+                plan.computed[i],
                 sinks,
                 alibi,
                 self.num_sink_tokens,

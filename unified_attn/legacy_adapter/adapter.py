@@ -51,7 +51,14 @@ class BoundImpl:
     legacy_layer: LegacyAttentionLayer
 
 
-class LegacyBackendAdapter(AttentionBackend):
+@attrs.frozen
+class LegacyPlan:
+    # group id -> the legacy metadata object its builder made for this step (the legacy
+    # backend's own per-step type; its fields are that backend's business)
+    metadata: dict[int, Any]
+
+
+class LegacyBackendAdapter(AttentionBackend[LegacyPlan]):
     """`LegacyBackendAdapter(LegacyCls, num_kv_heads=..., ...)`, or `wrap(LegacyCls)` for a
     subclass the engine can construct with keywords only."""
 
@@ -111,7 +118,6 @@ class LegacyBackendAdapter(AttentionBackend):
             )
         self.legacy = legacy
         self.builders: dict[int, LegacyAttentionMetadataBuilder[Any]] = {}
-        self.metadata: dict[int, Any] = {}
         self.legacy_caches: dict[str, torch.Tensor] = {}
         self.impls: dict[str, BoundImpl] = {}
 
@@ -149,7 +155,6 @@ class LegacyBackendAdapter(AttentionBackend):
         for gid, names in layers_of_group.items():
             view = kv_caches[names[0]]  # [num_blocks, 2, block_size, Hkv, D]
             self.builders[gid] = builder_cls(self.legacy_spec(view.shape[2]), names, view.device)
-        self.metadata = {}
         self.impls = {}
 
     def prep_forward(
@@ -158,6 +163,7 @@ class LegacyBackendAdapter(AttentionBackend):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
+        metadata = {}
         for gid, table in block_tables.items():
             builder = self.builders.get(gid)
             if builder is None:
@@ -167,9 +173,10 @@ class LegacyBackendAdapter(AttentionBackend):
                 )
             group_common = per_group_common(common, gid, table)
             if for_cudagraph_capture:
-                self.metadata[gid] = builder.build_for_cudagraph_capture(group_common)
+                metadata[gid] = builder.build_for_cudagraph_capture(group_common)
             else:
-                self.metadata[gid] = builder.build(0, group_common)
+                metadata[gid] = builder.build(0, group_common)
+        self.plan = LegacyPlan(metadata)
 
     def forward(
         self,
@@ -182,7 +189,7 @@ class LegacyBackendAdapter(AttentionBackend):
     ) -> torch.Tensor:
         q, k, v = self.check_forward_inputs(layer, output, query, key, value)
         bound = self.bound_impl(layer, kwargs.get("sinks"), kwargs.get("alibi_slopes"))
-        metadata = self.metadata[self.group_of_layer[layer.name]]
+        metadata = self.current_plan().metadata[self.group_of_layer[layer.name]]
         bound.impl.forward(
             bound.legacy_layer,
             q,

@@ -1,52 +1,30 @@
-"""KV-cache managers with vLLM v1 semantics over one shared block pool."""
+"""KV-cache managers with vLLM v1 semantics over one shared block pool.
+
+The API: the per-group managers a backend names in its cache config (and that custom policies
+subclass), and the scheduler-facing `KVCacheManager` with its configuration. The pool, its free
+queue, hashing and the coordinators are internals: import them from their modules
+(`managers.block_pool`, `managers.free_queue`, `managers.hashing`, `managers.coordinator`).
+"""
 
 from unified_attn.managers.base import SingleTypeKVCacheManager
-from unified_attn.managers.block_pool import BlockPool, PrefixCacheStats
 from unified_attn.managers.chunked_local import ChunkedLocalAttentionManager
 from unified_attn.managers.config import KVCacheGroup, SchedulerKVCacheConfig
-from unified_attn.managers.coordinator import (
-    HybridCoordinator,
-    KVCacheCoordinator,
-    NoPrefixCacheCoordinator,
-    UnitaryCoordinator,
-    make_coordinator,
-)
-from unified_attn.managers.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from unified_attn.managers.full import FullAttentionManager
-from unified_attn.managers.hashing import (
-    BlockHash,
-    BlockHashWithGroupId,
-    hash_block_tokens,
-    request_block_hasher,
-)
 from unified_attn.managers.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from unified_attn.managers.sliding_window import SlidingWindowManager
 from unified_attn.managers.state import MambaManager, StateManager
 from unified_attn.managers.streaming_sink import StreamingSinkManager
 
 __all__ = [
-    "BlockHash",
-    "BlockHashWithGroupId",
-    "BlockPool",
     "ChunkedLocalAttentionManager",
-    "FreeKVCacheBlockQueue",
     "FullAttentionManager",
-    "HybridCoordinator",
-    "KVCacheBlock",
     "KVCacheBlocks",
-    "KVCacheCoordinator",
     "KVCacheGroup",
     "KVCacheManager",
     "MambaManager",
-    "NoPrefixCacheCoordinator",
-    "PrefixCacheStats",
     "SchedulerKVCacheConfig",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
     "StateManager",
     "StreamingSinkManager",
-    "UnitaryCoordinator",
-    "hash_block_tokens",
-    "make_coordinator",
-    "request_block_hasher",
 ]

@@ -16,6 +16,30 @@ from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
 
 
+@attrs.frozen
+class StepInputs:
+    """The device inputs of one step, made by `ModelRunner.prepare_inputs`."""
+
+    common: CommonAttentionMetadata  # the batch, shared by every backend's prep_forward
+    block_tables: dict[int, torch.Tensor]  # device: group id -> [B, width] int32 block ids
+    input_ids: torch.Tensor  # device [T] int64
+    sample_rows: list[int]  # host: token rows whose logits are sampled (one per request)
+
+
+@attrs.define
+class _HostLayout:
+    """Python lists of a step's token layout, filled request by request."""
+
+    rows: list[int] = attrs.Factory(list)  # block-table row of each request
+    token_rows: list[int] = attrs.Factory(list)  # block-table row of each token
+    input_ids: list[int] = attrs.Factory(list)
+    positions: list[int] = attrs.Factory(list)
+    query_start: list[int] = attrs.Factory(lambda: [0])
+    seq_lens: list[int] = attrs.Factory(list)
+    computed: list[int] = attrs.Factory(list)
+    sample_rows: list[int] = attrs.Factory(list)
+
+
 @attrs.define
 class StepResult:
     sampled: dict[str, int] = attrs.Factory(dict)
@@ -109,20 +133,21 @@ class ModelRunner:
         result = StepResult()
         if not output.scheduled:
             return result
-        common, tables, input_ids, sample_idx = self.prepare_inputs(output)
+        inputs = self.prepare_inputs(output)
+        common = inputs.common
         if self._use_graphs(output):
             assert self.graphs is not None
-            logits = self.graphs.run(input_ids, common, tables)
+            logits = self.graphs.run(inputs.input_ids, common, inputs.block_tables)
         else:
             for backend, gids in self.backend_groups:
-                backend.prep_forward(common, {gid: tables[gid] for gid in gids})
+                backend.prep_forward(common, {gid: inputs.block_tables[gid] for gid in gids})
             with torch.inference_mode():
-                hidden = self.model(input_ids, common.positions)
-                if sample_idx:
-                    rows = torch.tensor(sample_idx, device=self.device)
+                hidden = self.model(inputs.input_ids, common.positions)
+                if inputs.sample_rows:
+                    rows = torch.tensor(inputs.sample_rows, device=self.device)
                     logits = self.model.compute_logits(hidden[rows])
                 self._collect_prompt_logits(output, common, hidden, result)
-        if not sample_idx:
+        if not inputs.sample_rows:
             return result
         sampled = [s for s in output.scheduled if s.will_sample]
         ids = [s.request.request_id for s in sampled]
@@ -155,72 +180,68 @@ class ModelRunner:
                 rows = hidden[starts[i] : starts[i] + count]
                 result.prompt_logits[request.request_id] = self.model.compute_logits(rows).cpu()
 
-    def prepare_inputs(self, output: SchedulerOutput):
+    def prepare_inputs(self, output: SchedulerOutput) -> StepInputs:
         """Host-side batch layout: token ids, positions, the metadata and block tables."""
-        rows: list[int] = []
-        token_rows: list[int] = []
-        input_ids: list[int] = []
-        positions: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        computed: list[int] = []
-        sample_idx: list[int] = []
-        block_tables = self.block_tables
-        offset = 0
-        for entry in output.scheduled:
-            request = entry.request
-            if entry.is_new or any(entry.block_ids):
-                row = block_tables.update(request.request_id, entry.block_ids, entry.is_new)
-            else:  # most decode steps: nothing to write into the table
-                row = block_tables.rows[request.request_id]
-            start, num_new = entry.num_computed_before, entry.num_new_tokens
-            end = start + num_new
-            rows.append(row)
-            if num_new == 1:
-                token_rows.append(row)
-                input_ids.append(request.all_token_ids[start])
-                positions.append(start)
-            else:
-                token_rows.extend([row] * num_new)
-                input_ids.extend(request.all_token_ids[start:end])
-                positions.extend(range(start, end))
-            offset += num_new
-            query_start.append(offset)
-            seq_lens.append(end)
-            computed.append(start)
-            if end == len(request.all_token_ids):  # reached its known tokens: sample
-                sample_idx.append(offset - 1)
+        layout = self._layout(output)
         dev = self.device
         # Index math in numpy: on a small CPU each torch op costs ~10 µs, numpy's ~1 µs.
-        positions_np = np.array(positions, dtype=np.int64)
-        token_rows_np = np.array(token_rows, dtype=np.int64)
-        rows_np = np.array(rows, dtype=np.int64)
+        positions = np.array(layout.positions, dtype=np.int64)
+        token_rows = np.array(layout.token_rows, dtype=np.int64)
+        rows = np.array(layout.rows, dtype=np.int64)
         tables, slot_mappings = {}, {}
-        split = {bs: (positions_np // bs, positions_np % bs) for bs in set(self.block_sizes)}
+        split = {bs: (positions // bs, positions % bs) for bs in set(self.block_sizes)}
         for gid, bs in enumerate(self.block_sizes):
             table = self.block_tables.tables_np[gid]
             block_index, block_offset = split[bs]
-            slots = table[token_rows_np, block_index].astype(np.int64) * bs + block_offset
+            slots = table[token_rows, block_index].astype(np.int64) * bs + block_offset
             slot_mappings[gid] = torch.from_numpy(slots).to(dev)
-            tables[gid] = torch.from_numpy(table[rows_np]).to(dev)
-        positions_t = torch.from_numpy(positions_np)
-        qsl = torch.tensor(query_start, dtype=torch.int32)
-        seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+            tables[gid] = torch.from_numpy(table[rows]).to(dev)
+        qsl = torch.tensor(layout.query_start, dtype=torch.int32)
+        seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int32)
         common = CommonAttentionMetadata(
             query_start_loc=qsl.to(dev),
             query_start_loc_cpu=qsl,
-            seq_lens=seq_lens_t.to(dev),
-            seq_lens_cpu=seq_lens_t,
-            num_computed_tokens_cpu=torch.tensor(computed, dtype=torch.int32),
-            positions=positions_t.to(dev),
-            num_reqs=len(rows),
-            num_actual_tokens=len(positions),
+            seq_lens=seq_lens.to(dev),
+            seq_lens_cpu=seq_lens,
+            num_computed_tokens_cpu=torch.tensor(layout.computed, dtype=torch.int32),
+            positions=torch.from_numpy(positions).to(dev),
+            num_reqs=len(layout.rows),
+            num_actual_tokens=len(layout.positions),
             max_query_len=max(e.num_new_tokens for e in output.scheduled),
-            max_seq_len=max(seq_lens),
+            max_seq_len=max(layout.seq_lens),
             slot_mappings=slot_mappings,
             block_sizes=dict(enumerate(self.block_sizes)),
         )
-        return common, tables, torch.tensor(input_ids, dtype=torch.int64, device=dev), sample_idx
+        input_ids = torch.tensor(layout.input_ids, dtype=torch.int64, device=dev)
+        return StepInputs(common, tables, input_ids, layout.sample_rows)
+
+    def _layout(self, output: SchedulerOutput) -> _HostLayout:
+        """Update the block tables and lay out the scheduled tokens, request after request."""
+        layout = _HostLayout()
+        tables = self.block_tables
+        for entry in output.scheduled:
+            request = entry.request
+            if entry.is_new or any(entry.block_ids):
+                row = tables.update(request.request_id, entry.block_ids, entry.is_new)
+            else:  # most decode steps: nothing to write into the table
+                row = tables.rows[request.request_id]
+            start, num_new = entry.num_computed_before, entry.num_new_tokens
+            end = start + num_new
+            layout.rows.append(row)
+            if num_new == 1:
+                layout.token_rows.append(row)
+                layout.input_ids.append(request.all_token_ids[start])
+                layout.positions.append(start)
+            else:
+                layout.token_rows.extend([row] * num_new)
+                layout.input_ids.extend(request.all_token_ids[start:end])
+                layout.positions.extend(range(start, end))
+            layout.query_start.append(layout.query_start[-1] + num_new)
+            layout.seq_lens.append(end)
+            layout.computed.append(start)
+            if end == len(request.all_token_ids):  # reached its known tokens: sample
+                layout.sample_rows.append(layout.query_start[-1] - 1)
+        return layout
 
 
 def backend_group_ids(plan: KVCachePlan) -> list[tuple[AttentionBackend, list[int]]]:

@@ -6,6 +6,7 @@ import functools
 import os
 from typing import Any
 
+import attrs
 import torch
 import triton
 
@@ -32,8 +33,18 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+@attrs.frozen
+class TritonPlan:
+    """What one step's launches read. Under CUDA graphs `common` and `block_tables` are views
+    of the runner's persistent buffers."""
+
+    common: CommonAttentionMetadata  # host sizes and device index tensors of the batch
+    block_tables: dict[int, torch.Tensor]  # device: group id -> [B, max_blocks] int32
+    split: SplitPlan | None  # host: split-KV segments for decode batches, or None
+
+
 @register_backend(priority={"cuda": 100, "cpu": 1})
-class TritonAttentionBackend(AttentionBackend):
+class TritonAttentionBackend(AttentionBackend[TritonPlan]):
     name = "triton"
 
     @classmethod
@@ -63,8 +74,8 @@ class TritonAttentionBackend(AttentionBackend):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_num_heads = self.num_kv_heads
+        # Split-KV partial results: persistent, grown by prep_forward, never shrunk.
         self.scratch = SplitScratch()
-        self.split: SplitPlan | None = None
 
     def check_layer(self, layer: LayerConfig) -> None:
         super().check_layer(layer)
@@ -77,16 +88,15 @@ class TritonAttentionBackend(AttentionBackend):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        self.common = common
-        self.block_tables = block_tables
-        self.split = self.plan_split(common)
+        split = self.plan_split(common)
+        self.plan = TritonPlan(common, block_tables, split)
         head_pad = max(16, triton.next_power_of_2(self.head_size))
         rows = common.num_actual_tokens * self.max_num_heads
         if for_cudagraph_capture:
             # A captured graph keeps the scratch's address: size it for any later decode step.
             self.scratch.ensure(rows, MAX_SEGMENTS, head_pad, common.positions.device)
-        elif self.split is not None:
-            self.scratch.ensure(rows, self.split.num_segments, head_pad, common.positions.device)
+        elif split is not None:
+            self.scratch.ensure(rows, split.num_segments, head_pad, common.positions.device)
 
     def plan_split(self, common: CommonAttentionMetadata) -> SplitPlan | None:
         """Split-KV for decode batches that would under-fill the GPU. In batch-invariant mode
@@ -114,7 +124,8 @@ class TritonAttentionBackend(AttentionBackend):
         **kwargs: Any,
     ) -> torch.Tensor:
         q, k, v = self.check_forward_inputs(layer, output, query, key, value)
-        common = self.common
+        plan = self.current_plan()
+        common = plan.common
         gid = self.group_of_layer[layer.name]
         cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
         k_cache, v_cache = cache[:, 0], cache[:, 1]
@@ -128,7 +139,7 @@ class TritonAttentionBackend(AttentionBackend):
             output.view(q.shape)[:num_tokens],
             query_start_loc=common.query_start_loc,
             seq_lens=common.seq_lens,
-            block_table=self.block_tables[gid],
+            block_table=plan.block_tables[gid],
             num_seqs=common.num_reqs,
             max_query_len=common.max_query_len,
             scale=layer.scale,
@@ -139,7 +150,7 @@ class TritonAttentionBackend(AttentionBackend):
             sinks=None if sinks is None else sinks.float(),
             alibi_slopes=kwargs.get("alibi_slopes"),
             sink_tokens=self.num_sink_tokens,
-            split=self.split,
+            split=plan.split,
             scratch=self.scratch,
             batch_invariant=self.batch_invariant,
         )

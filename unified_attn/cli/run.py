@@ -1,22 +1,19 @@
-"""The `unified-attn` command."""
+"""The `unified-attn run` command: its parser, the engine settings, a workload of requests with
+shared prefixes, the run itself and its report (JSON or rich tables)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import random
-import sys
 import time
-from collections.abc import Sequence
+from typing import Any
 
-from unified_attn.harness import conformance, migration, plan
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unified-attn", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_parser(commands: Any) -> None:
     run = commands.add_parser(
         "run", help="generate for a workload of requests with shared prefixes and report"
     )
@@ -37,10 +34,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-prefix-caching", action="store_true")
     run.add_argument("--batch-invariant", action="store_true")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
-    migration.add_parser(commands)
-    conformance.add_parser(commands)
-    plan.add_parser(commands)
-    return parser
+    run.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    report = run(args)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_report(report)
+    return 0
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -168,27 +171,3 @@ def print_report(report: dict) -> None:
     for key, value in rows:
         summary.add_row(key, value)
     console.print(summary)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command != "run":  # migrate, check, plan: exit 0 = pass, 1 = mismatch or failure
-        try:
-            return int(args.handler(args))
-        except ValueError as error:
-            print(f"unified-attn: error: {error}", file=sys.stderr)
-            return 2
-    try:
-        report = run(args)
-    except ValueError as error:
-        print(f"unified-attn: error: {error}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        print_report(report)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Every backend the package ships keeps its per-step data in one declared plan object:
+`prep_forward` sets `self.plan` (a frozen attrs instance of the type the class is
+parameterised with) and no other attribute, and `forward` before `prep_forward` is a clear
+error."""
+
+from __future__ import annotations
+
+import typing
+
+import attrs
+import pytest
+
+from unified_attn import AttentionBackend, LLMEngine, SamplingParams
+
+PORTS = "unified_attn.legacy_adapter.ports"
+# (preset, backend): together they cover every AttentionBackend subclass the package ships.
+CASES = [
+    ("tiny-hybrid", "reference"),
+    ("tiny-hybrid", "triton"),
+    ("hybrid-linear", "reference"),  # state layers: LinearStateBackend
+    ("tiny-hybrid", f"{PORTS}:LegacyReferenceAdapter"),
+    ("tiny-llama", f"{PORTS}:LegacyTritonAdapter"),
+]
+
+
+def declared_plan_type(cls: type) -> type:
+    """The `PlanT` of `class X(AttentionBackend[PlanT])`, searched along the MRO."""
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            if typing.get_origin(base) is AttentionBackend:
+                return typing.get_args(base)[0]
+    raise AssertionError(f"{cls.__name__} does not declare its plan type")
+
+
+def watch_prep_forward(backend: AttentionBackend, seen: list) -> None:
+    original = backend.prep_forward
+
+    def prep_forward(*args, **kwargs):
+        before = dict(vars(backend))
+        original(*args, **kwargs)
+        after = vars(backend)
+        changed = {k for k in after if k not in before or after[k] is not before[k]}
+        seen.append((set(after) - set(before), changed - {"plan"}, backend.plan))
+
+    backend.prep_forward = prep_forward  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("preset, backend_name", CASES)
+def test_prep_forward_sets_only_its_declared_frozen_plan(preset, backend_name):
+    engine = LLMEngine(preset, backend=backend_name, max_num_batched_tokens=16)
+    backends = {id(b): b for _, b in engine.model.attention_layers()}.values()
+    seen: dict[str, list] = {}
+    for backend in backends:
+        watch_prep_forward(backend, seen.setdefault(type(backend).__name__, []))
+    engine.generate([list(range(30)), [7] * 21], SamplingParams(max_tokens=3))
+    assert seen and all(seen.values())
+    for backend in backends:
+        plan_type = declared_plan_type(type(backend))
+        assert attrs.has(plan_type), f"{plan_type} is not an attrs class"
+        for new, replaced, plan in seen[type(backend).__name__]:
+            assert not new, f"{type(backend).__name__}.prep_forward created {sorted(new)}"
+            assert not replaced, f"{type(backend).__name__}.prep_forward set {sorted(replaced)}"
+            assert isinstance(plan, plan_type)
+            field = attrs.fields(plan_type)[0].name
+            with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                setattr(plan, field, None)
+
+
+def test_forward_before_prep_forward_names_the_call_order():
+    engine = LLMEngine("tiny-llama")
+    _layer, backend = next(iter(engine.model.attention_layers()))
+    backend.plan = None
+    with pytest.raises(RuntimeError, match="forward ran before prep_forward"):
+        backend.current_plan()

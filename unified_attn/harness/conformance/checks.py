@@ -1,0 +1,72 @@
+"""The contract checks besides the outputs, each a "pass" / "fail: ..." / note string: a pure
+`get_cache_config`, in-place output, ValueError on bad inputs, and on CUDA no host sync and no
+allocation in `forward` (`NOT_MEASURABLE` on CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from unified_attn.backend import AttentionBackend
+from unified_attn.harness.conformance.cells import Cell
+from unified_attn.harness.conformance.steps import Step
+
+NOT_MEASURABLE = "not measurable on CPU"
+
+
+def check_cache_config(backend_cls: type[AttentionBackend], cell: Cell) -> str:
+    a, b = backend_cls(**cell.backend_kwargs()), backend_cls(**cell.backend_kwargs())
+    if a.get_cache_config() != a.get_cache_config():
+        return "fail: two calls gave different triples"
+    if a.get_cache_config() != b.get_cache_config():
+        return "fail: equal instances gave different triples"
+    return "pass"
+
+
+def check_in_place(result: Any, output: torch.Tensor) -> str:
+    """`forward` must write `output` and return it (the same tensor, or one at the same address)."""
+    same = result is output or (
+        isinstance(result, torch.Tensor) and result.data_ptr() == output.data_ptr()
+    )
+    return "pass" if same else "fail: forward did not return `output`"
+
+
+def check_bad_inputs(backend: AttentionBackend, cell: Cell, step: Step) -> str:
+    layer = cell.layer()
+    bad = {
+        "key with a missing column": (step.query, step.key[:, :-1], step.value),
+        "query in the wrong dtype": (step.query.to(torch.float64), step.key, step.value),
+    }
+    for what, (q, k, v) in bad.items():
+        try:
+            backend.forward(layer, torch.empty_like(step.query), q, k, v)
+        except ValueError:
+            continue
+        except Exception as error:  # any other type breaks the contract
+            return f"fail: {what} raised {type(error).__name__}, not ValueError"
+        return f"fail: {what} was accepted"
+    return "pass"
+
+
+def measure_cuda(forward: Callable[[], Any], strict_alloc: bool) -> dict[str, str]:
+    """Host syncs (sync debug mode "error") and bytes allocated by one `forward` call."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        forward()
+        sync = "pass"
+    except RuntimeError as error:
+        sync = f"fail: {str(error).splitlines()[0]}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    grown, peak = torch.cuda.memory_allocated() - before, torch.cuda.max_memory_allocated() - before
+    alloc = "pass" if not grown and not peak else f"{peak} B of temporaries"
+    # Kept bytes always fail; temporaries only for backends that claim CUDA graphs.
+    if grown or (peak and strict_alloc):
+        alloc = f"fail: {grown} B kept, {peak} B peak" + (" (claims CUDA graphs)" * strict_alloc)
+    return {"host sync": sync, "allocation": alloc}

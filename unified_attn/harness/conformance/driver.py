@@ -1,0 +1,52 @@
+"""Driving one backend through the unified contract for a cell: `bind` a strided KV-cache view
+over garbage, `run_step` (prep_forward, then forward into a NaN-filled output), recording the
+in-place, host-sync and allocation checks when asked to."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from unified_attn.backend import AttentionBackend
+from unified_attn.harness.conformance.cells import LAYER, Cell
+from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
+from unified_attn.harness.conformance.steps import GROUP_ID, Step
+
+
+def bind(backend: AttentionBackend, cell: Cell, num_blocks: int, seed: int, device: str) -> None:
+    """A strided view (block stride twice the page, offset one page) over seeded garbage."""
+    _, _, spec = backend.get_cache_config()
+    page = spec.page_size_bytes(cell.block_size)
+    buffer = torch.empty(2 * page * (num_blocks + 1), dtype=torch.uint8, device=device)
+    garbage = buffer.view(cell.dtype)
+    garbage.copy_(torch.randn(garbage.shape, generator=torch.Generator().manual_seed(seed)))
+    view = spec.make_view(buffer, page, 2 * page, num_blocks, cell.block_size)
+    if not isinstance(view, torch.Tensor):
+        raise ValueError(f"{backend.name}: the suite checks paged K/V backends, got {spec}")
+    backend.bind_kv_caches({LAYER: view}, {LAYER: GROUP_ID})
+
+
+def run_step(
+    backend: AttentionBackend,
+    cell: Cell,
+    step: Step,
+    sinks: torch.Tensor | None,
+    checks: dict[str, str] | None = None,
+) -> torch.Tensor:
+    backend.prep_forward(step.common, {GROUP_ID: step.block_table})
+    output = torch.full_like(step.query, float("nan"))
+    kwargs = {} if sinks is None else {"sinks": sinks}
+    forward = functools.partial(
+        backend.forward, cell.layer(), output, step.query, step.key, step.value, **kwargs
+    )
+    if checks is None:  # the oracle
+        forward()
+        return output
+    if output.is_cuda:
+        forward()  # warm-up: the measured call below is the same step
+        checks.update(measure_cuda(forward, type(backend).supports_cuda_graphs()))
+    else:
+        checks.update({"host sync": NOT_MEASURABLE, "allocation": NOT_MEASURABLE})
+    checks["in-place output"] = check_in_place(forward(), output)
+    return output

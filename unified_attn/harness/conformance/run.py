@@ -1,0 +1,75 @@
+"""Running the suite: `run_cell` (one cell: pass / fail / unsupported, within `TOL` of the
+oracle, with the contract checks) and `run_conformance` (every cell, as a JSON-able report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from unified_attn.backend import AttentionBackend
+from unified_attn.harness.conformance.cells import CUDA_CELLS, GRID, Cell
+from unified_attn.harness.conformance.checks import check_cache_config
+from unified_attn.harness.conformance.oracle import compare_with_oracle
+from unified_attn.legacy_adapter import (
+    LegacyAttentionBackend,
+    LegacyBackendAdapter,
+    resolve_any_backend,
+)
+from unified_attn.selector import backend_reasons
+
+TOL = {torch.float32: 2e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def run_cell(backend_cls: type[AttentionBackend], cell: Cell, device: str, seed: int = 0) -> dict:
+    """One cell: `status` pass / fail / unsupported, `max_err`, the contract `checks`."""
+    row: dict[str, Any] = {"cell": cell.name, "tol": TOL[cell.dtype], "max_err": None}
+    reasons = backend_reasons(backend_cls, cell.selector_config(device))
+    if reasons:
+        return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
+    checks = {"cache config pure": check_cache_config(backend_cls, cell)}
+    failed = []
+    try:
+        row["max_err"], location = compare_with_oracle(backend_cls, cell, device, seed, checks)
+        if row["max_err"] > row["tol"]:
+            failed.append(f"max error {row['max_err']:.3g} > {row['tol']:g} {location}")
+    except Exception as error:  # a crash fails the cell, not the run
+        failed.append(f"raised {type(error).__name__}: {error}")
+    failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
+    status = "fail" if failed else "pass"
+    return row | {"status": status, "detail": "; ".join(failed), "checks": checks}
+
+
+def backend_class(
+    backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
+) -> type[AttentionBackend]:
+    """A name or `module:Class` resolved, a legacy class wrapped, a native class as it is."""
+    if isinstance(backend, str):
+        return resolve_any_backend(backend)
+    if issubclass(backend, LegacyAttentionBackend):
+        return LegacyBackendAdapter.wrap(backend)
+    return backend
+
+
+def run_conformance(
+    backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
+    device: str = "cpu",
+    cells: tuple[Cell, ...] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Every cell of the grid (plus half-precision cells on CUDA); `report["ok"]`."""
+    backend_cls = backend_class(backend)
+    if cells is None:
+        cells = GRID + (CUDA_CELLS if torch.device(device).type == "cuda" else ())
+    rows = [run_cell(backend_cls, cell, device, seed) for cell in cells]
+    return {
+        "backend": backend_cls.name,
+        "class": f"{backend_cls.__module__}.{backend_cls.__qualname__}",
+        "device": device,
+        # Nothing run is no evidence: a backend that supports no cell does not pass.
+        "ok": all(r["status"] != "fail" for r in rows) and any(r["status"] == "pass" for r in rows),
+        "passed": sum(r["status"] == "pass" for r in rows),
+        "failed": sum(r["status"] == "fail" for r in rows),
+        "unsupported": sum(r["status"] == "unsupported" for r in rows),
+        "cells": rows,
+    }

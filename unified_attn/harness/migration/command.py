@@ -1,0 +1,49 @@
+"""The `unified-attn migrate` command: `add_parser` registers it, `main` runs it (exit 0 on a
+pass, 1 on a mismatch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from unified_attn.harness.conformance.prepare import prepare_cli
+from unified_attn.harness.migration.report import print_report
+from unified_attn.harness.migration.run import run_migration
+from unified_attn.harness.migration.workload import SMALL_WORKLOAD
+
+
+def add_parser(commands: Any) -> None:
+    migrate = commands.add_parser(
+        "migrate", help="compare a legacy backend (through the adapter) with a native one"
+    )
+    migrate.add_argument("--legacy", required=True, help="legacy NAME or module:Class")
+    migrate.add_argument("--native", required=True, help="native NAME or module:Class")
+    migrate.add_argument("--model", default="tiny-hybrid", help="preset name or checkpoint path")
+    migrate.add_argument("--device", default="cpu")
+    migrate.add_argument("--dtype", default="float32")
+    migrate.add_argument("--atol", type=float, default=None, help="default: 1e-4 for float32")
+    migrate.add_argument("--seed", type=int, default=0)
+    migrate.add_argument("--small", action="store_true", help="a 3-request workload")
+    migrate.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    migrate.add_argument("--json", action="store_true", help="print the report as JSON only")
+    migrate.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    prepare_cli(args.device, args.threads)
+    report = run_migration(
+        args.legacy,
+        args.native,
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        atol=args.atol,
+        seed=args.seed,
+        workload=SMALL_WORKLOAD if args.small else None,
+    )
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print_report(report)
+    return 0 if report["ok"] else 1
