@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from common import RESULTS_DIR, command_line, table, write_json
 from rich.console import Console
-from rich.table import Table
 
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.harness.bench import machine_info, summary
@@ -79,7 +77,8 @@ def time_builders(engine: LLMEngine, steps: int) -> dict[str, list[float]]:
     for step in range(steps):
         for request in scheduler.running:
             request.append_output_token_ids(step % 256)
-        common, tables, _ids, _sample = runner.prepare_inputs(scheduler.schedule())
+        inputs = runner.prepare_inputs(scheduler.schedule())
+        common, tables = inputs.common, inputs.block_tables
         inputs = [
             (backend.builders[gid], per_group_common(common, gid, tables[gid]))
             for backend, gids in runner.backend_groups
@@ -120,7 +119,8 @@ def forward_dispatch(engines: dict[str, Any], repeats: int) -> dict[str, float]:
     runner, scheduler = engines["adapter"].runner, engines["adapter"].scheduler
     for request in scheduler.running:
         request.append_output_token_ids(0)
-    common, tables, _ids, _sample = runner.prepare_inputs(scheduler.schedule())
+    inputs = runner.prepare_inputs(scheduler.schedule())
+    common, tables = inputs.common, inputs.block_tables
     t, device = common.num_actual_tokens, common.positions.device
     calls = {}
     for side, engine in engines.items():
@@ -137,7 +137,7 @@ def forward_dispatch(engines: dict[str, Any], repeats: int) -> dict[str, float]:
         if isinstance(backend, LegacyBackendAdapter):
             calls[side]()  # creates the layer's impl
             bound = backend.impls[layer.name]
-            md = backend.metadata[backend.group_of_layer[layer.name]]
+            md = backend.current_plan().metadata[backend.group_of_layer[layer.name]]
             q3, k3, v3, o3 = (x.view(t, -1, d) for x in (q, k, v, out))
             cache = backend.legacy_caches[layer.name]
             calls["legacy impl direct"] = functools.partial(
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--pairs", default=None, help="native backends (default: reference; on CUDA also triton)"
     )
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=RESULTS_DIR)
     args = parser.parse_args(argv)
     devices = args.device.split(",")
     prepare_cli(devices[0], args.threads)
@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         for n in sizes
     ]
     report = {
-        "command": " ".join(["python", "benchmarks/adapter_overhead.py", *sys.argv[1:]]),
+        "command": command_line("adapter_overhead.py", argv),
         "machine": machine_info(),
         "threads": torch.get_num_threads(),
         "model": MODEL,
@@ -222,9 +222,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "results": results,
     }
     print_table(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "adapter_overhead.json").write_text(json.dumps(report, indent=2))
+    write_json(Path(args.out) / "adapter_overhead.json", report)
     return report
 
 
@@ -234,14 +232,12 @@ def default_pairs(device: str) -> str:
 
 
 def print_table(report: dict) -> None:
-    table = Table(title="Adapter vs native, host µs per decode step (median)")
     columns = ("device", "backend", "requests", "prep_forward native", "adapter", "ratio",
                "adapter's own", "forward dispatch", "step ms native", "adapter")  # fmt: skip
-    for column in columns:
-        table.add_column(column, justify="right")
+    t = table("Adapter vs native, host µs per decode step (median)", columns)
     for r in report["results"]:
         prep, step = r["prep_forward"], r["engine_step_ms"]
-        table.add_row(
+        t.add_row(
             r["device"],
             r["backend"],
             str(r["num_requests"]),
@@ -253,7 +249,7 @@ def print_table(report: dict) -> None:
             f"{step['native']['median']:.2f}",
             f"{step['adapter']['median']:.2f}",
         )
-    Console(width=150).print(table)
+    Console(width=150).print(t)
 
 
 if __name__ == "__main__":

@@ -30,28 +30,37 @@ import argparse
 import cProfile
 import gc
 import io
-import json
 import os
 import pstats
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from common import (
+    RESULTS_DIR,
+    command_line,
+    make_console,
+    pyplot,
+    save_figure,
+    status_markup,
+    table,
+    utc_timestamp,
+    write_json,
+)
 from rich.console import Console
 from rich.table import Table
 
 from unified_attn.harness.bench import machine_info, percentile, summary
 from unified_attn.managers import (
-    BlockPool,
     FullAttentionManager,
     KVCacheManager,
     SchedulerKVCacheConfig,
     SlidingWindowManager,
 )
+from unified_attn.managers.block_pool import BlockPool
 from unified_attn.request import Request
 
 BLOCK_SIZE = 16
@@ -611,17 +620,18 @@ def print_report(results: dict[str, Any], console: Console) -> None:
         f"block µs flat from 1k to 100k blocks (max/min <= {FLAT_MAX_RATIO})."
     )
 
-    t = Table(title="Prefill / admission (1,024-token prompts, 4 shared 512-token prefixes)")
-    for col in (
-        "config",
-        "requests",
-        "allocate_slots/s",
-        "admissions/s",
-        "alloc µs p50",
-        "hit rate",
-        "hashing tok/s",
-    ):
-        t.add_column(col, justify="right")
+    t = table(
+        "Prefill / admission (1,024-token prompts, 4 shared 512-token prefixes)",
+        (
+            "config",
+            "requests",
+            "allocate_slots/s",
+            "admissions/s",
+            "alloc µs p50",
+            "hit rate",
+            "hashing tok/s",
+        ),
+    )
     for name, r in results["prefill"].items():
         t.add_row(
             name,
@@ -634,16 +644,17 @@ def print_report(results: dict[str, Any], console: Console) -> None:
         )
     console.print(t)
 
-    t = Table(title="Decode (µs per step, all running requests)")
     cols = ("config", "requests", "median", "p90", "mean", "max", "µs/request")
-    for col in (*cols, "alloc part p50", "append part p50", "target"):
-        t.add_column(col, justify="right")
+    t = table(
+        "Decode (µs per step, all running requests)",
+        (*cols, "alloc part p50", "append part p50", "target"),
+    )
     for name, r in results["decode"].items():
         s = r["step_us"]
         target = ""
         if name == "hybrid_full_swa128":
             ok = s["median"] <= DECODE_TARGET_US
-            target = f"<= {DECODE_TARGET_US:.0f} " + ("[green]met[/]" if ok else "[red]missed[/]")
+            target = f"<= {DECODE_TARGET_US:.0f} " + status_markup(ok)
             if r["num_requests"] != 256:
                 target += " (n/a: not 256 req)"
         t.add_row(
@@ -660,18 +671,19 @@ def print_report(results: dict[str, Any], console: Console) -> None:
         )
     console.print(t)
 
-    t = Table(title="Churn (small pool, distinct prompts: every popped block evicts)")
-    for col in (
-        "config",
-        "pool",
-        "allocate_slots/s",
-        "admissions/s",
-        "alloc µs p50",
-        "blocks popped",
-        "evictions",
-        "evicted frac",
-    ):
-        t.add_column(col, justify="right")
+    t = table(
+        "Churn (small pool, distinct prompts: every popped block evicts)",
+        (
+            "config",
+            "pool",
+            "allocate_slots/s",
+            "admissions/s",
+            "alloc µs p50",
+            "blocks popped",
+            "evictions",
+            "evicted frac",
+        ),
+    )
     for name, r in results["churn"].items():
         t.add_row(
             name,
@@ -685,17 +697,18 @@ def print_report(results: dict[str, Any], console: Console) -> None:
         )
     console.print(t)
 
-    t = Table(title="BlockPool: µs per block (median over batches)")
-    for col in (
-        "N",
-        "get (unhashed)",
-        "free (unhashed)",
-        "get (evicting)",
-        "free (hashed)",
-        "touch middle",
-        "free after touch",
-    ):
-        t.add_column(col, justify="right")
+    t = table(
+        "BlockPool: µs per block (median over batches)",
+        (
+            "N",
+            "get (unhashed)",
+            "free (unhashed)",
+            "get (evicting)",
+            "free (hashed)",
+            "touch middle",
+            "free after touch",
+        ),
+    )
     for n, r in results["block_pool"].items():
         t.add_row(
             f"{int(n):,}",
@@ -735,13 +748,8 @@ def print_report(results: dict[str, Any], console: Console) -> None:
 
 
 def plot(results: dict[str, Any], path: Path, console: Console) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        console.print("[yellow]matplotlib is not installed: skipping the PNG.[/yellow]")
+    plt = pyplot(console)
+    if plt is None:
         return False
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     ns = sorted(results["block_pool"], key=int)
@@ -779,9 +787,7 @@ def plot(results: dict[str, Any], path: Path, console: Console) -> bool:
         f"unified_attn KV-cache manager — {results['machine']['cpu_model']}, "
         f"Python {results['machine']['python_version']} ({results['mode']})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return True
 
 
@@ -791,7 +797,7 @@ def plot(results: dict[str, Any], path: Path, console: Console) -> bool:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
-    ap.add_argument("--out", default="benchmarks/results", help="output directory")
+    ap.add_argument("--out", default=RESULTS_DIR, help="output directory")
     ap.add_argument(
         "--profile",
         action="store_true",
@@ -804,18 +810,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     params = dict(QUICK_PARAMS if args.quick else FULL_PARAMS)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=150)
+    console = make_console(150)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd_args = list(sys.argv[1:] if argv is None else argv)
     results: dict[str, Any] = {
         "schema": "unified_attn.benchmarks.kv_manager/v1",
         "mode": "quick" if args.quick else "full",
-        "command": " ".join(["python", "benchmarks/kv_manager.py", *cmd_args]),
+        "command": command_line("kv_manager.py", argv),
         "machine": machine_info(),
-        "timestamp_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "timestamp_utc": utc_timestamp(),
         "params": {
             **params,
             "block_size": BLOCK_SIZE,
@@ -856,7 +859,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results["png"] = None
     if not args.no_plot and plot(results, png_path, console):
         results["png"] = str(png_path)
-    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(json_path, results)
     console.print(f"Wrote {json_path}" + (f" and {png_path}" if results["png"] else ""))
     return results
 

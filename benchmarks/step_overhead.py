@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 import torch
+from common import RESULTS_DIR, command_line, table, write_json
 from rich.console import Console
-from rich.table import Table
 
 from unified_attn.harness.bench import machine_info, summary
 from unified_attn.managers import KVCacheManager
@@ -85,7 +83,8 @@ def time_steps(scheduler: Scheduler, runner: ModelRunner, steps: int) -> dict[st
         t0 = time.perf_counter_ns()
         output = scheduler.schedule()
         t1 = time.perf_counter_ns()
-        common, tables, _ids, _sample = runner.prepare_inputs(output)
+        inputs = runner.prepare_inputs(output)
+        common, tables = inputs.common, inputs.block_tables
         t2 = time.perf_counter_ns()
         for backend, gids in runner.backend_groups:
             backend.prep_forward(common, {gid: tables[gid] for gid in gids})
@@ -103,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", default="reference")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=RESULTS_DIR)
     args = parser.parse_args(argv)
     sizes = [8, 16] if args.quick else [64, 256, 512]
     steps, warmup = (3, 1) if args.quick else (32, 4)
@@ -123,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             row.update({k: summary(v) for k, v in times.items()})
             results.append(row)
     report = {
-        "command": " ".join(["python", "benchmarks/step_overhead.py", *sys.argv[1:]]),
+        "command": command_line("step_overhead.py", argv),
         "machine": machine_info(),
         "backend": args.backend,
         "device": args.device,
@@ -132,21 +131,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "results": results,
     }
     print_table(report)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "step_overhead.json").write_text(json.dumps(report, indent=2))
+    write_json(Path(args.out) / "step_overhead.json", report)
     return report
 
 
 def print_table(report: dict) -> None:
-    table = Table(title=f"Decode step host time, µs (median), backend {report['backend']}")
-    for column in ("layout", "requests", "schedule", "prepare_inputs", "prep_forward", "total"):
-        table.add_column(column, justify="right")
+    t = table(
+        f"Decode step host time, µs (median), backend {report['backend']}",
+        ("layout", "requests", "schedule", "prepare_inputs", "prep_forward", "total"),
+    )
     for row in report["results"]:
         parts = [row[k]["median"] for k in ("schedule", "prepare_inputs", "prep_forward")]
-        table.add_row(row["layout"], str(row["num_requests"]), *(f"{p:,.0f}" for p in parts),
-                      f"{sum(parts):,.0f}")  # fmt: skip
-    Console().print(table)
+        t.add_row(row["layout"], str(row["num_requests"]), *(f"{p:,.0f}" for p in parts),
+                  f"{sum(parts):,.0f}")  # fmt: skip
+    Console().print(t)
 
 
 if __name__ == "__main__":
