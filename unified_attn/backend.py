@@ -88,6 +88,7 @@ from unified_attn.managers import (
     StreamingSinkManager,
 )
 from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, as_dtype
+from unified_attn.utils import optional_positive, optional_positive_int, positive_int
 
 if TYPE_CHECKING:
     from unified_attn.selector import SelectorConfig
@@ -103,31 +104,21 @@ class AttentionType(str, enum.Enum):
     ENCODER_DECODER = "encoder_decoder"  # cross-attention to encoder outputs
 
 
-def _optional_positive(_instance: object, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"LayerConfig.{attribute.name} must be positive or None, got {value}")
-
-
 @attrs.frozen
 class LayerConfig:
     """Per-layer attention parameters. Tensors (sinks, alibi slopes) are forward kwargs."""
 
     name: str
-    num_heads: int
-    num_kv_heads: int
-    head_size: int
+    num_heads: int = attrs.field(validator=positive_int)
+    num_kv_heads: int = attrs.field(validator=positive_int)
+    head_size: int = attrs.field(validator=positive_int)
     scale: float
-    sliding_window: int | None = attrs.field(default=None, validator=_optional_positive)
-    logits_soft_cap: float | None = attrs.field(default=None, validator=_optional_positive)
+    sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
+    logits_soft_cap: float | None = attrs.field(default=None, validator=optional_positive)
     attn_type: AttentionType = AttentionType.DECODER
-    chunk_size: int | None = attrs.field(default=None, validator=_optional_positive)
+    chunk_size: int | None = attrs.field(default=None, validator=optional_positive_int)
 
     def __attrs_post_init__(self) -> None:
-        if self.num_heads <= 0 or self.num_kv_heads <= 0 or self.head_size <= 0:
-            raise ValueError(
-                f"layer {self.name}: num_heads, num_kv_heads and head_size must be positive, got "
-                f"{self.num_heads}, {self.num_kv_heads}, {self.head_size}"
-            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"layer {self.name}: num_heads={self.num_heads} is not a multiple of "

@@ -33,9 +33,9 @@ from unified_attn.managers import (
     StateManager,
     StreamingSinkManager,
 )
-from unified_attn.managers.base import cdiv
 from unified_attn.managers.hashing import hashes_at_block_size, with_group_id
 from unified_attn.request import Request
+from unified_attn.utils import cdiv
 
 VOCAB = 4  # small, so generated tokens and suffixes often coincide and prefix hits happen
 NUM_PREFIXES = 3

@@ -31,7 +31,7 @@ def test_layer_kinds_list_and_eos_list_become_tuples_and_config_is_hashable():
         (dict(num_kv_heads=3), "not a multiple"),
         (dict(head_size=15), "even head_size"),
         (dict(eos_token_id=100), "outside the vocabulary"),
-        (dict(hidden_size=0), "hidden_size must be positive"),
+        (dict(hidden_size=0), "hidden_size must be a positive int"),
     ],
 )
 def test_invalid_model_config(overrides, match):
@@ -69,9 +69,9 @@ def test_invalid_rope_scaling():
         (dict(moe=MoEConfig(num_experts=4, top_k=2)), "mlp_kind='swiglu' with moe="),
         (dict(mlp_kind="relu"), "mlp_kind must be one of"),
         (dict(norm_style="layernorm"), "norm_style must be one of"),
-        (dict(attn_logit_softcap=0.0), "attn_logit_softcap must be positive"),
-        (dict(final_logit_softcap=-1.0), "final_logit_softcap must be positive"),
-        (dict(query_pre_attn_scalar=0), "query_pre_attn_scalar must be positive"),
+        (dict(attn_logit_softcap=0.0), "attn_logit_softcap must be a positive number"),
+        (dict(final_logit_softcap=-1.0), "final_logit_softcap must be a positive number"),
+        (dict(query_pre_attn_scalar=0), "query_pre_attn_scalar must be a positive number"),
     ],
 )
 def test_invalid_family_features(overrides, match):

@@ -41,7 +41,7 @@ class Soak:
         # one worst-case request and a few spare blocks: requests must take turns
         memory = probe.worker.plan.bytes_per_block * (blocks + 4)
         self.engine = LLMEngine(preset, kv_cache_memory=memory, seed=seed, **ENGINE)
-        self.preset = preset
+        self.preset, self.seed = preset, seed
         self.vocab = min(self.engine.vocab_size, 256)
         self.prefixes = [self.tokens(self.rng.randint(16, 70)) for _ in range(3)]
         self.stop_tokens = tuple(self.tokens(24))
@@ -152,7 +152,8 @@ class Soak:
         assert engine.scheduler.num_preemptions > 0, "the pool never forced a preemption"
 
     def check_against_alone(self) -> None:
-        alone = LLMEngine(self.preset, enable_prefix_caching=False, **ENGINE)
+        # the same weights (the seed draws them), a pool of the default size, no prefix cache
+        alone = LLMEngine(self.preset, enable_prefix_caching=False, seed=self.seed, **ENGINE)
         for rid, out in self.outputs.items():
             submitted = self.submitted[rid]
             (ref,) = alone.generate([submitted.prompt], submitted.params)

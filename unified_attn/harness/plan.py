@@ -196,7 +196,7 @@ def main(args: Any) -> int:
     memory = parse_memory(args.kv_cache_memory)
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
                   max_in_flight_tokens=args.max_num_batched_tokens)  # fmt: skip
-    report = compare(config, memory, args.max_model_len, **kwargs)  # type: ignore[arg-type]
+    report = compare(config, memory, args.max_model_len, **kwargs)
     if args.png:
         report["png"] = plot_capacity(config, memory, args.png, **kwargs)
     if args.json:

@@ -13,18 +13,7 @@ import attrs
 import torch
 
 from unified_attn.tensor_specs import as_dtype
-
-
-def _positive(instance: object, attribute: attrs.Attribute, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"{type(instance).__name__}.{attribute.name} must be a positive int, got {value!r}"
-        )
-
-
-def _optional_positive(instance: object, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None:
-        _positive(instance, attribute, value)
+from unified_attn.utils import optional_positive_int, positive_int
 
 
 def _as_shapes(value: Any) -> tuple[tuple[int, ...], ...]:
@@ -39,7 +28,7 @@ def _as_dtypes(value: Any) -> tuple[torch.dtype, ...]:
 class KVCacheSpec:
     """The format of one layer's KV cache, `block_size` tokens per block."""
 
-    block_size: int = attrs.field(validator=_positive)
+    block_size: int = attrs.field(validator=positive_int)
 
     @property
     def page_size_bytes(self) -> int:
@@ -50,8 +39,8 @@ class KVCacheSpec:
 class AttentionSpec(KVCacheSpec):
     """K and V of `block_size` tokens: `2 * block_size * num_kv_heads * head_size` items."""
 
-    num_kv_heads: int = attrs.field(validator=_positive)
-    head_size: int = attrs.field(validator=_positive)
+    num_kv_heads: int = attrs.field(validator=positive_int)
+    head_size: int = attrs.field(validator=positive_int)
     dtype: torch.dtype = attrs.field(converter=as_dtype)
 
     @property
@@ -64,18 +53,18 @@ class FullAttentionSpec(AttentionSpec):
     """Every block is kept. A window or chunk here means "attend locally but keep everything"
     (vLLM promoted local layers to full attention when the hybrid allocator was off)."""
 
-    sliding_window: int | None = attrs.field(default=None, validator=_optional_positive)
-    attention_chunk_size: int | None = attrs.field(default=None, validator=_optional_positive)
+    sliding_window: int | None = attrs.field(default=None, validator=optional_positive_int)
+    attention_chunk_size: int | None = attrs.field(default=None, validator=optional_positive_int)
 
 
 @attrs.frozen(kw_only=True)
 class SlidingWindowSpec(AttentionSpec):
-    sliding_window: int = attrs.field(validator=_positive)
+    sliding_window: int = attrs.field(validator=positive_int)
 
 
 @attrs.frozen(kw_only=True)
 class ChunkedLocalAttentionSpec(AttentionSpec):
-    attention_chunk_size: int = attrs.field(validator=_positive)
+    attention_chunk_size: int = attrs.field(validator=positive_int)
 
 
 @attrs.frozen(kw_only=True)

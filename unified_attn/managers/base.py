@@ -19,23 +19,7 @@ import attrs
 from unified_attn.managers.block_pool import BlockPool, KVCacheBlock
 from unified_attn.managers.hashing import hashes_at_block_size
 from unified_attn.request import Request
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def check_positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(
-            f"{attribute.name} must be a positive int, got {value!r}; "
-            f"set {attribute.name} to the number of tokens the policy covers."
-        )
-
-
-def check_non_negative(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+from unified_attn.utils import cdiv
 
 
 class SingleTypeKVCacheManager(ABC):
@@ -137,7 +121,7 @@ class SingleTypeKVCacheManager(ABC):
         apply_admission_cap: bool = False,
     ) -> int:
         """Free-pool blocks needed to hold `num_tokens`, counting revived free hit blocks."""
-        required = -(-num_tokens // self.block_size)
+        required = cdiv(num_tokens, self.block_size)
         if apply_admission_cap:
             required = min(required, self.max_blocks_per_request())
         req_blocks = self.req_to_blocks.get(request_id, ())
@@ -183,7 +167,7 @@ class SingleTypeKVCacheManager(ABC):
         if req_blocks is None:
             req_blocks = self.req_to_blocks[request_id] = []
             self.num_cached_block[request_id] = 0
-        num_new = -(-num_tokens // self.block_size) - len(req_blocks)
+        num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new)

@@ -6,14 +6,15 @@ from collections.abc import Sequence
 
 import attrs
 
-from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv, check_positive
+from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import KVCacheBlock
+from unified_attn.utils import cdiv, positive_int
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        attention_chunk_size: int = attrs.field(validator=check_positive)
+        attention_chunk_size: int = attrs.field(validator=positive_int)
 
     config: Config
 

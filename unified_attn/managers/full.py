@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv
+from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import KVCacheBlock
+from unified_attn.utils import cdiv
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):

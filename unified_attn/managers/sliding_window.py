@@ -11,14 +11,15 @@ from collections.abc import Sequence
 
 import attrs
 
-from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv, check_positive
+from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import KVCacheBlock
+from unified_attn.utils import cdiv, positive_int
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        sliding_window: int = attrs.field(validator=check_positive)
+        sliding_window: int = attrs.field(validator=positive_int)
 
     config: Config
 
@@ -88,7 +89,7 @@ def find_window_run(
                 end = i + run
                 blocks = [manager.null_block] * end
                 for j in [*range(num_leading), *range(i, end)]:
-                    blocks[j] = cached[j]  # type: ignore[call-overload]
+                    blocks[j] = cached[j]
                 return blocks, end * bs
     # No run: the contiguous prefix from block 0 is a valid hit on its own.
     while leading < num_blocks and lookup(leading) is not None:

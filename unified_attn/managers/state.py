@@ -17,9 +17,10 @@ from typing import Literal
 
 import attrs
 
-from unified_attn.managers.base import SingleTypeKVCacheManager, cdiv, check_non_negative
+from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import KVCacheBlock
 from unified_attn.request import Request
+from unified_attn.utils import cdiv, non_negative_int
 
 STATE_CACHE_MODES = ("none", "align")
 
@@ -39,7 +40,7 @@ class StateManager(SingleTypeKVCacheManager):
         mamba_cache_mode: Literal["none", "align"] = attrs.field(
             default="none", validator=_check_mode
         )
-        num_speculative_blocks: int = attrs.field(default=0, validator=check_non_negative)
+        num_speculative_blocks: int = attrs.field(default=0, validator=non_negative_int)
 
         def __attrs_post_init__(self) -> None:
             if self.mamba_cache_mode == "align" and self.num_speculative_blocks:

@@ -12,21 +12,17 @@ from collections.abc import Sequence
 
 import attrs
 
-from unified_attn.managers.base import (
-    SingleTypeKVCacheManager,
-    cdiv,
-    check_non_negative,
-    check_positive,
-)
+from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import KVCacheBlock
 from unified_attn.managers.sliding_window import SlidingWindowManager, find_window_run
+from unified_attn.utils import cdiv, non_negative_int, positive_int
 
 
 class StreamingSinkManager(SlidingWindowManager):
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        num_sink_tokens: int = attrs.field(validator=check_non_negative)
-        sliding_window: int = attrs.field(validator=check_positive)
+        num_sink_tokens: int = attrs.field(validator=non_negative_int)
+        sliding_window: int = attrs.field(validator=positive_int)
 
     config: Config  # type: ignore[assignment]
 

@@ -6,15 +6,17 @@ from typing import Any, Literal
 
 import attrs
 
+from unified_attn.utils import (
+    optional_positive,
+    optional_positive_int,
+    positive,
+    positive_int,
+)
+
 LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear_state"]
 RopeType = Literal["llama3", "linear", "yarn"]
 NormStyle = Literal["llama", "gemma", "float32"]
 MLPKind = Literal["swiglu", "geglu", "moe"]
-
-
-def _positive(_instance: object, attribute: attrs.Attribute, value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value}")
 
 
 @attrs.frozen
@@ -32,8 +34,8 @@ class LayerKind:
     """
 
     kind: LayerKindName = "full"
-    window: int | None = attrs.field(default=None, validator=_positive)
-    chunk: int | None = attrs.field(default=None, validator=_positive)
+    window: int | None = attrs.field(default=None, validator=optional_positive_int)
+    chunk: int | None = attrs.field(default=None, validator=optional_positive_int)
     has_sinks: bool = attrs.field(default=False, kw_only=True)
     sink_tokens: int = attrs.field(default=0, kw_only=True)
 
@@ -88,14 +90,14 @@ class RopeScaling:
     `mscale` and `mscale_all_dim` as transformers infers it)."""
 
     rope_type: RopeType = "llama3"
-    factor: float = attrs.field(validator=_positive)
-    low_freq_factor: float = attrs.field(default=1.0, validator=_positive)
-    high_freq_factor: float = attrs.field(default=4.0, validator=_positive)
-    original_max_position_embeddings: int = attrs.field(default=8192, validator=_positive)
-    beta_fast: float = attrs.field(default=32.0, validator=_positive)
-    beta_slow: float = attrs.field(default=1.0, validator=_positive)
+    factor: float = attrs.field(validator=positive)
+    low_freq_factor: float = attrs.field(default=1.0, validator=positive)
+    high_freq_factor: float = attrs.field(default=4.0, validator=positive)
+    original_max_position_embeddings: int = attrs.field(default=8192, validator=positive_int)
+    beta_fast: float = attrs.field(default=32.0, validator=positive)
+    beta_slow: float = attrs.field(default=1.0, validator=positive)
     truncate: bool = True
-    attention_factor: float | None = attrs.field(default=None, validator=_positive)
+    attention_factor: float | None = attrs.field(default=None, validator=optional_positive)
     mscale: float | None = None
     mscale_all_dim: float | None = None
 
@@ -118,10 +120,10 @@ class MoEConfig:
     token and softmaxes their logits; each expert is a clamped SwiGLU of `intermediate_size`:
     `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` with `g = clamp(gate, max=limit)`."""
 
-    num_experts: int = attrs.field(validator=_positive)
-    top_k: int = attrs.field(validator=_positive)
-    swiglu_alpha: float = attrs.field(default=1.702, validator=_positive)
-    swiglu_limit: float = attrs.field(default=7.0, validator=_positive)
+    num_experts: int = attrs.field(validator=positive_int)
+    top_k: int = attrs.field(validator=positive_int)
+    swiglu_alpha: float = attrs.field(default=1.702, validator=positive)
+    swiglu_limit: float = attrs.field(default=7.0, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.top_k > self.num_experts:
@@ -150,17 +152,17 @@ class ModelConfig:
     (`cap * tanh(x / cap)` on attention scores / output logits), `mlp_kind` with `moe`.
     """
 
-    vocab_size: int = attrs.field(validator=_positive)
-    hidden_size: int = attrs.field(validator=_positive)
-    intermediate_size: int = attrs.field(validator=_positive)
-    num_layers: int = attrs.field(validator=_positive)
-    num_heads: int = attrs.field(validator=_positive)
-    num_kv_heads: int = attrs.field(validator=_positive)
-    head_size: int = attrs.field(validator=_positive)
-    rms_norm_eps: float = attrs.field(default=1e-5, validator=_positive)
-    rope_theta: float = attrs.field(default=10000.0, validator=_positive)
+    vocab_size: int = attrs.field(validator=positive_int)
+    hidden_size: int = attrs.field(validator=positive_int)
+    intermediate_size: int = attrs.field(validator=positive_int)
+    num_layers: int = attrs.field(validator=positive_int)
+    num_heads: int = attrs.field(validator=positive_int)
+    num_kv_heads: int = attrs.field(validator=positive_int)
+    head_size: int = attrs.field(validator=positive_int)
+    rms_norm_eps: float = attrs.field(default=1e-5, validator=positive)
+    rope_theta: float = attrs.field(default=10000.0, validator=positive)
     rope_scaling: RopeScaling | None = None
-    max_position_embeddings: int = attrs.field(default=2048, validator=_positive)
+    max_position_embeddings: int = attrs.field(default=2048, validator=positive_int)
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # q/k/v projections (Qwen2, Llama attention_bias)
     attention_output_bias: bool = False  # o_proj (Llama attention_bias)
@@ -169,10 +171,10 @@ class ModelConfig:
     moe: MoEConfig | None = None  # required by (and only by) mlp_kind="moe"
     norm_style: NormStyle = "llama"
     post_norms: bool = False
-    embed_scale: float | None = attrs.field(default=None, validator=_positive)
-    query_pre_attn_scalar: float | None = attrs.field(default=None, validator=_positive)
-    attn_logit_softcap: float | None = attrs.field(default=None, validator=_positive)
-    final_logit_softcap: float | None = attrs.field(default=None, validator=_positive)
+    embed_scale: float | None = attrs.field(default=None, validator=optional_positive)
+    query_pre_attn_scalar: float | None = attrs.field(default=None, validator=optional_positive)
+    attn_logit_softcap: float | None = attrs.field(default=None, validator=optional_positive)
+    final_logit_softcap: float | None = attrs.field(default=None, validator=optional_positive)
     layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_as_layer_kinds)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = attrs.field(default=None, converter=_as_eos)

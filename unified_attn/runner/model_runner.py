@@ -14,6 +14,7 @@ from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
+from unified_attn.utils import cdiv
 
 
 @attrs.frozen
@@ -57,7 +58,7 @@ class BlockTables:
     def __init__(self, block_sizes: list[int], max_num_seqs: int, max_model_len: int) -> None:
         self.block_sizes = block_sizes
         self.tables = [
-            torch.zeros(max_num_seqs, -(-max_model_len // bs) + 1, dtype=torch.int32)
+            torch.zeros(max_num_seqs, cdiv(max_model_len, bs) + 1, dtype=torch.int32)
             for bs in block_sizes
         ]
         self.tables_np = [t.numpy() for t in self.tables]  # the same memory

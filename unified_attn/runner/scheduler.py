@@ -17,26 +17,30 @@ from unified_attn.request import Request, RequestStatus
 from unified_attn.sampling_params import SamplingParams
 
 
-@attrs.define
+@attrs.frozen
 class ScheduledRequest:
+    """One request's share of a step: tokens `[num_computed_before, num_computed_before +
+    num_new_tokens)` of `request.all_token_ids`."""
+
     request: Request
     num_new_tokens: int
     num_computed_before: int  # tokens in the cache before this step
     # Full block tables for requests (re)starting this step, else only the new block ids.
     block_ids: tuple[list[int], ...]
     is_new: bool
-
-    @property
-    def will_sample(self) -> bool:
-        """True when this step reaches the end of the request's known tokens."""
-        return self.num_computed_before + self.num_new_tokens == self.request.num_tokens
+    # This step reaches the end of the request's known tokens: its last row is sampled.
+    # Fixed when scheduled (the request grows once the sampled token is appended).
+    will_sample: bool
 
 
-@attrs.define
+@attrs.frozen
 class SchedulerOutput:
+    """What one step runs, in batch order, and what the runner may forget."""
+
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
-    finished_ids: list[str]  # requests whose state the runner may drop (finished or aborted)
+    # requests whose per-request state the runner may drop: finished, aborted or preempted
+    finished_ids: list[str]
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +48,14 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    """Decides, step by step, which requests run and how many tokens each computes.
+
+    `schedule()` returns a `SchedulerOutput`; the engine runs it, then calls
+    `update_from_output(output, sampled)` with the sampled tokens. The scheduler owns request
+    state (status, `num_computed_tokens`, the waiting and running queues) and drives the
+    `KVCacheManager`; it never touches tensors.
+    """
+
     def __init__(
         self,
         kv_cache_manager: KVCacheManager,
@@ -74,8 +86,18 @@ class Scheduler:
     # ---- requests ------------------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        """Queue a request (FCFS). Refuses a duplicate id and a prompt with no room to generate
+        within `max_model_len`; nothing changes when it refuses."""
         if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use")
+            raise ValueError(
+                f"request id {request.request_id!r} is already in use; pick another id or let "
+                "the engine choose one"
+            )
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: {request.num_tokens} tokens leave no room to "
+                f"generate within max_model_len={self.max_model_len}; shorten the prompt"
+            )
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -152,7 +174,9 @@ class Scheduler:
     def _commit(
         self, request: Request, num_new: int, block_ids: tuple[list[int], ...], is_new: bool
     ) -> ScheduledRequest:
-        entry = ScheduledRequest(request, num_new, request.num_computed_tokens, block_ids, is_new)
+        start = request.num_computed_tokens
+        will_sample = start + num_new == request.num_tokens
+        entry = ScheduledRequest(request, num_new, start, block_ids, is_new, will_sample)
         request.num_computed_tokens += num_new
         return entry
 
@@ -183,17 +207,18 @@ class Scheduler:
         return finished
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
+        """vLLM's order: the length caps first, then eos (unless ignored), then stop tokens."""
         params: SamplingParams = request.sampling_params
-        token = request.output_token_ids[-1]
-        if not params.ignore_eos and token in self.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
-            return RequestStatus.FINISHED_STOPPED
         if (
             request.num_output_tokens >= params.max_tokens
             or request.num_tokens >= self.max_model_len
         ):
             return RequestStatus.FINISHED_LENGTH
+        token = request.output_token_ids[-1]
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:

@@ -17,6 +17,7 @@ import torch
 from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
 from unified_attn.managers import KVCacheGroup, KVCacheManager, SchedulerKVCacheConfig
 from unified_attn.tensor_specs import KVCacheTensorSpec
+from unified_attn.utils import cdiv
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -97,7 +98,7 @@ def target_group_size(buckets: dict[Any, list[LayerPlan]]) -> int:
 
 def split_balanced(bucket: list[LayerPlan], target: int) -> list[list[LayerPlan]]:
     """Split into `cdiv(len, target)` parts whose sizes differ by at most one."""
-    num_parts = -(-len(bucket) // target)
+    num_parts = cdiv(len(bucket), target)
     base, extra = divmod(len(bucket), num_parts)
     parts, start = [], 0
     for i in range(num_parts):

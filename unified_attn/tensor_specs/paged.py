@@ -6,11 +6,7 @@ import attrs
 import torch
 
 from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
-
-
-def _positive(_instance: object, attribute: attrs.Attribute, value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"PagedKVSpec.{attribute.name} must be positive, got {value}")
+from unified_attn.utils import positive_int
 
 
 @attrs.frozen
@@ -21,8 +17,8 @@ class PagedKVSpec(KVCacheTensorSpec):
     stride = the shared `bytes_per_block`.
     """
 
-    num_kv_heads: int = attrs.field(validator=_positive)
-    head_size: int = attrs.field(validator=_positive)
+    num_kv_heads: int = attrs.field(validator=positive_int)
+    head_size: int = attrs.field(validator=positive_int)
     dtype: torch.dtype = attrs.field(converter=as_dtype)
     head_size_v: int | None = None
 

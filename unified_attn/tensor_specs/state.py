@@ -8,6 +8,7 @@ import attrs
 import torch
 
 from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
+from unified_attn.utils import cdiv
 
 
 def _as_shapes(value) -> tuple[tuple[int, ...], ...]:
@@ -42,7 +43,7 @@ class StateSpec(KVCacheTensorSpec):
     def _offsets(self) -> list[int]:
         offsets, pos = [], 0
         for shape, dtype in zip(self.shapes, self.dtypes, strict=True):
-            pos = -(-pos // dtype.itemsize) * dtype.itemsize  # align each tensor to its item size
+            pos = cdiv(pos, dtype.itemsize) * dtype.itemsize  # align each tensor to its item size
             offsets.append(pos)
             pos += math.prod(shape) * dtype.itemsize
         offsets.append(pos)

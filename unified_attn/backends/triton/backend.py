@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -17,16 +16,17 @@ from unified_attn.backend import (
     LayerConfig,
 )
 from unified_attn.backends.triton.ops import (
+    MAX_SEGMENTS,
     SUPPORTED_DTYPES,
     SplitPlan,
     SplitScratch,
+    plan_split,
     unified_attention,
     write_kv_cache,
 )
 from unified_attn.selector import SelectorConfig, register_backend
 
 MAX_HEAD_SIZE = 256
-MAX_SEGMENTS = 16
 
 
 def interpreter_on() -> bool:
@@ -101,18 +101,15 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
     def plan_split(self, common: CommonAttentionMetadata) -> SplitPlan | None:
         """Split-KV for decode batches that would under-fill the GPU. In batch-invariant mode
         never: a request is then one segment of its own length, whatever the batch."""
-        if common.max_query_len != 1 or self.batch_invariant:
+        if self.batch_invariant:
             return None
-        if common.max_seq_len < 1024:
-            return None
-        programs = common.num_reqs * self.num_kv_heads
-        target = 2 * num_multiprocessors(common.positions.device)
-        if programs >= target:
-            return None
-        segments = min(MAX_SEGMENTS, triton.next_power_of_2(-(-target // programs)))
-        segment = -(-common.max_seq_len // segments)
-        segment = -(-segment // 64) * 64
-        return SplitPlan(segments, segment)
+        return plan_split(
+            max_query_len=common.max_query_len,
+            max_seq_len=common.max_seq_len,
+            num_reqs=common.num_reqs,
+            num_kv_heads=self.num_kv_heads,
+            device=common.positions.device,
+        )
 
     def forward(
         self,
@@ -155,10 +152,3 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
             batch_invariant=self.batch_invariant,
         )
         return output
-
-
-@functools.cache
-def num_multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: any small number exercises the split path
-    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import torch
 import triton
@@ -11,6 +13,7 @@ from unified_attn.backends.triton.kernels.unified_attention import (
     merge_segments_kernel,
     unified_attention_kernel,
 )
+from unified_attn.utils import cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -21,6 +24,33 @@ class SplitPlan:
 
     num_segments: int
     segment: int
+
+
+MAX_SEGMENTS = 16
+SPLIT_MIN_SEQ_LEN = 1024  # shorter decode batches are never worth the merge launch
+
+
+def plan_split(
+    *, max_query_len: int, max_seq_len: int, num_reqs: int, num_kv_heads: int, device: torch.device
+) -> SplitPlan | None:
+    """Split-KV for decode batches (one query token per request) whose `num_reqs *
+    num_kv_heads` programs would under-fill the GPU: enough segments (a power of two, at most
+    `MAX_SEGMENTS`) for two programs per SM, each a multiple of 64 keys."""
+    if max_query_len != 1 or max_seq_len < SPLIT_MIN_SEQ_LEN:
+        return None
+    programs = num_reqs * num_kv_heads
+    target = 2 * num_multiprocessors(device)
+    if programs >= target:
+        return None
+    segments = min(MAX_SEGMENTS, triton.next_power_of_2(cdiv(target, programs)))
+    return SplitPlan(segments, cdiv(cdiv(max_seq_len, segments), 64) * 64)
+
+
+@functools.cache
+def num_multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any small number exercises the split path
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @attrs.frozen

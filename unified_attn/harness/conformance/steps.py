@@ -9,6 +9,7 @@ import torch
 
 from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.harness.conformance.cells import Cell
+from unified_attn.utils import cdiv
 
 GROUP_ID = 3  # not 0: backends must key everything by the group they are given
 
@@ -27,7 +28,7 @@ class Step:
 
 def random_table(cell: Cell, gen: torch.Generator) -> tuple[torch.Tensor, int]:
     """Random, non-contiguous block ids (never the null block 0), one spare column of nulls."""
-    counts = [-(-(c + n) // cell.block_size) for c, n in zip(cell.computed, cell.new, strict=True)]
+    counts = [cdiv(c + n, cell.block_size) for c, n in zip(cell.computed, cell.new, strict=True)]
     num_blocks = sum(counts) + 8
     ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     table = torch.zeros(len(counts), max(counts) + 1, dtype=torch.int32)

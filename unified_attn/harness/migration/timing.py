@@ -12,6 +12,7 @@ import torch
 
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
+from unified_attn.utils import cdiv
 
 
 def decode_engine(
@@ -38,7 +39,7 @@ def decode_engine(
 def decode_budget(probe: LLMEngine, num_requests: int, tokens: int) -> int:
     """KV bytes for `num_requests` requests of `tokens` tokens in every group of `probe`'s model."""
     plan = probe.worker.plan
-    blocks = num_requests * len(plan.groups) * (-(-tokens // plan.block_size) + 1) + 8
+    blocks = num_requests * len(plan.groups) * (cdiv(tokens, plan.block_size) + 1) + 8
     return plan.bytes_per_block * blocks
 
 

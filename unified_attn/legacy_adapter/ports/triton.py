@@ -12,13 +12,13 @@ import os
 
 import attrs
 import torch
-import triton
 
 from unified_attn.backend import AttentionType
 from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     SplitPlan,
     SplitScratch,
+    plan_split,
     unified_attention,
     write_kv_cache,
 )
@@ -31,9 +31,6 @@ from unified_attn.legacy_adapter.interfaces import (
     LegacyCommonAttentionMetadata,
 )
 from unified_attn.legacy_adapter.specs import AttentionSpec
-
-MAX_SEGMENTS = 16
-SPLIT_MIN_SEQ_LEN = 1024  # shorter decode batches are never worth a second kernel
 
 
 @attrs.frozen
@@ -70,20 +67,15 @@ class LegacyTritonMetadataBuilder(LegacyAttentionMetadataBuilder[LegacyTritonMet
             block_table=cm.block_table_tensor,
             slot_mapping=cm.slot_mapping,
             attention_chunk_size=getattr(self.kv_cache_spec, "attention_chunk_size", None),
-            split=self._plan_split(cm),
+            split=plan_split(
+                max_query_len=cm.max_query_len,
+                max_seq_len=cm.max_seq_len,
+                num_reqs=cm.num_reqs,
+                num_kv_heads=self.kv_cache_spec.num_kv_heads,
+                device=self.device,
+            ),
             scratch=self.scratch,
         )
-
-    def _plan_split(self, cm: LegacyCommonAttentionMetadata) -> SplitPlan | None:
-        if cm.max_query_len != 1 or cm.max_seq_len < SPLIT_MIN_SEQ_LEN:
-            return None
-        programs = cm.num_reqs * self.kv_cache_spec.num_kv_heads
-        target = 2 * _num_sms(self.device)
-        if programs >= target:
-            return None
-        segments = min(MAX_SEGMENTS, triton.next_power_of_2(-(-target // programs)))
-        segment = _cdiv(_cdiv(cm.max_seq_len, segments), 64) * 64
-        return SplitPlan(segments, segment)
 
 
 class LegacyTritonImpl(LegacyAttentionImpl[LegacyTritonMetadata]):
@@ -168,13 +160,3 @@ class LegacyTritonBackend(LegacyAttentionBackend):
     def supports_device(cls, device_type: str) -> bool:
         interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
         return device_type == "cuda" or (device_type == "cpu" and interpreter)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: any small number exercises the split path
-    return torch.cuda.get_device_properties(device).multi_processor_count

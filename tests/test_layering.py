@@ -1,0 +1,88 @@
+"""The package's import layering (docs/architecture.md, "Layers"): every part imports only
+the parts below it, read off the source with `ast` (imports under `if TYPE_CHECKING:` are
+annotations only and do not count)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "unified_attn"
+
+# part -> the parts it may import (besides itself)
+ALLOWED: dict[str, set[str]] = {
+    part: set(below.split())
+    for part, below in {
+        "utils": "",
+        "request": "",
+        "sampling_params": "utils",
+        "tensor_specs": "utils",
+        "managers": "request utils",
+        "backend": "managers tensor_specs utils",
+        "selector": "backend tensor_specs utils",
+        "backends": "backend selector managers tensor_specs utils",
+        "legacy_adapter": "backend selector backends managers tensor_specs utils",
+        "models": "backend selector tensor_specs utils",
+        "runner": "models backend selector managers tensor_specs request sampling_params utils",
+        "harness": "runner models legacy_adapter backends backend selector managers "
+        "tensor_specs request sampling_params utils",
+        "cli": "harness runner sampling_params utils",
+    }.items()
+}
+MAY_IMPORT_RICH = {"harness", "cli"}
+
+
+def part_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def runtime_imports(tree: ast.Module) -> list[str]:
+    """Absolute module names imported outside `if TYPE_CHECKING:` blocks."""
+    names: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def modules() -> list[Path]:
+    return sorted(
+        p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE
+    )
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_imports_only_the_parts_below_it(path):
+    part = part_of(path)
+    assert part in ALLOWED, f"{part} is a new part of the package: give it a layer here"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for name in runtime_imports(tree):
+        if name == "rich" or name.startswith("rich."):
+            assert part in MAY_IMPORT_RICH, f"{path.name}: only the harness and CLI import rich"
+        if not name.startswith("unified_attn."):
+            continue
+        target = name.split(".")[1]
+        assert target == part or target in ALLOWED[part], (
+            f"unified_attn/{path.relative_to(PACKAGE)} imports {name}: {part} may import "
+            f"{sorted(ALLOWED[part])}"
+        )
+
+
+def test_the_package_root_imports_the_public_api_only():
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    parts = {name.split(".")[1] for name in runtime_imports(tree) if "." in name}
+    assert "harness" not in parts and "cli" not in parts and "legacy_adapter" not in parts
