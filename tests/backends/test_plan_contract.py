@@ -9,10 +9,13 @@ import typing
 
 import attrs
 import pytest
+import torch
 
 from unified_attn import AttentionBackend, LLMEngine, SamplingParams
 
 PORTS = "unified_attn.legacy_adapter.ports"
+# On a GPU the Triton cases run on CUDA, with decode steps captured in CUDA graphs.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (preset, backend): together they cover every AttentionBackend subclass the package ships.
 CASES = [
     ("tiny-hybrid", "reference"),
@@ -47,7 +50,7 @@ def watch_prep_forward(backend: AttentionBackend, seen: list) -> None:
 
 @pytest.mark.parametrize("preset, backend_name", CASES)
 def test_prep_forward_sets_only_its_declared_frozen_plan(preset, backend_name):
-    engine = LLMEngine(preset, backend=backend_name, max_num_batched_tokens=16)
+    engine = LLMEngine(preset, backend=backend_name, device=DEVICE, max_num_batched_tokens=16)
     backends = {id(b): b for _, b in engine.model.attention_layers()}.values()
     seen: dict[str, list] = {}
     for backend in backends:
