@@ -11,7 +11,7 @@ The public API, by who uses it:
 - **Writing a KV-cache policy**: `SingleTypeKVCacheManager` and the managers to subclass
   (`FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`,
   `StreamingSinkManager`, `StateManager`), and `KVCacheManager` with `SchedulerKVCacheConfig`
-  to drive a policy on its own.
+  and `Request` to drive a policy on its own.
 
 Everything else is importable from its module (`unified_attn.managers.block_pool`,
 `unified_attn.runner.scheduler`, ...) but is not part of the API.
@@ -34,6 +34,7 @@ from unified_attn.managers import (
     StateManager,
     StreamingSinkManager,
 )
+from unified_attn.request import Request
 from unified_attn.runner.engine import EngineConfig, LLMEngine, RequestOutput
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import SelectorConfig, register_backend, select_backend
@@ -62,6 +63,7 @@ __all__ += [
     "ChunkedLocalAttentionManager",
     "FullAttentionManager",
     "KVCacheManager",
+    "Request",
     "SchedulerKVCacheConfig",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",

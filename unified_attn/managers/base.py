@@ -23,7 +23,16 @@ from unified_attn.utils import cdiv
 
 
 class SingleTypeKVCacheManager(ABC):
-    """Allocation policy of one KV-cache group over the shared `BlockPool`."""
+    """Allocation policy of one KV-cache group over the shared `BlockPool`.
+
+    One instance per group, built by the coordinator from the `(manager_cls, config)` a
+    backend declared. It keeps each request's block table (positional, append-only: position
+    j holds tokens `[j * block_size, (j + 1) * block_size)`, the null block where the policy
+    freed a block) and answers prefix-hit queries. A custom policy subclasses it (or a manager
+    close to it), declares a frozen `Config`, and overrides the hooks
+    `get_num_skipped_tokens`, `first_freeable_block`, `max_blocks_per_request` and
+    `find_longest_cache_hit` (docs/custom-managers.md).
+    """
 
     @attrs.frozen
     class Config:

@@ -12,6 +12,9 @@ from unified_attn.utils import cdiv, positive_int
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """A query reads only keys of its own chunk of `attention_chunk_size` tokens: blocks of
+    earlier chunks are freed, and a prefix hit needs only the blocks of the current chunk."""
+
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
         attention_chunk_size: int = attrs.field(validator=positive_int)

@@ -12,6 +12,9 @@ from unified_attn.utils import cdiv
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
+    """Every token stays readable: no block is freed before the request ends, and a prefix hit
+    is the longest run of cached blocks from the start."""
+
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
         pass

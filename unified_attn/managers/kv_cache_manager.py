@@ -27,10 +27,13 @@ class KVCacheBlocks:
 
 
 class KVCacheManager:
-    """Prefix hits, slot allocation and freeing for requests, over one shared block pool.
+    """The scheduler's view of the KV cache: prefix hits, slot allocation and freeing for
+    requests, over one shared block pool and one manager per KV-cache group.
 
-    Token layout of a request at `allocate_slots`:
-    `| computed | new computed (prefix hit) | new | lookahead |`.
+    Per step the scheduler calls `new_step_starts()`, then for a waiting request
+    `get_computed_blocks` and `allocate_slots(request, n, num_hit, hits)`, for a running one
+    `allocate_slots(request, n)`, and `free(request)` when it finishes or is preempted. It
+    never sees tensors: block ids go to the runner, which maps them to memory.
     """
 
     def __init__(
@@ -126,9 +129,31 @@ class KVCacheManager:
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
     ) -> KVCacheBlocks | None:
-        """Reserve slots for `num_new_tokens`; returns the entries appended to each group's
-        block table (new blocks; null padding where a policy skips positions), or None (with
-        nothing changed) when the pool cannot hold them."""
+        """Reserve KV-cache slots for the next `num_new_tokens` tokens of `request`.
+
+        The request's tokens, as this call sees them:
+
+            | <-- computed --> | <-- new computed --> | <--- new ---> | <-- lookahead --> |
+            0     request.num_computed_tokens      total_computed        + num_new    + lookahead
+                               | prefix-cache hit:    | computed this   | slots for draft |
+                               | `new_computed_blocks`| step            | tokens, never   |
+                               |  (waiting requests)  |                 | cached          |
+
+        - `computed`: tokens already in the request's blocks (0 for a waiting request).
+        - `new computed` = `num_new_computed_tokens`: a prefix hit from `get_computed_blocks`,
+          passed with its blocks `new_computed_blocks`; only when admitting a waiting request.
+        - `new` = `num_new_tokens` (> 0): tokens this step computes; their slots are reserved
+          and every block they fill is cached (hashed) for later prefix hits.
+        - `lookahead` = `num_lookahead_tokens`: extra slots (speculative drafts) that are
+          never cached.
+        - `full_sequence_must_fit`: refuse unless the request's whole known sequence fits.
+
+        Before allocating, each group frees the blocks its policy no longer needs (sliding
+        window, chunked local, state), counting only settled tokens
+        (`total_computed - request.num_in_flight_tokens`). Returns the entries appended to
+        each group's block table (new blocks, null blocks where a policy skips positions), or
+        None when the pool cannot hold them, in which case nothing has changed. Raises
+        `ValueError` for negative counts or tokens beyond `max_model_len`."""
         total_computed = request.num_computed_tokens + num_new_computed_tokens
         if (
             num_new_tokens <= 0

@@ -17,6 +17,10 @@ from unified_attn.utils import cdiv, positive_int
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
+    """A query at position p reads keys `[p - sliding_window + 1, p]`: blocks wholly before the
+    window are freed (their table entries become the null block), and a prefix hit is the
+    right-most run of cached blocks that covers a window, not the whole prefix."""
+
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
         sliding_window: int = attrs.field(validator=positive_int)

@@ -19,6 +19,9 @@ from unified_attn.utils import cdiv, non_negative_int, positive_int
 
 
 class StreamingSinkManager(SlidingWindowManager):
+    """StreamingLLM: the first `num_sink_tokens` tokens stay forever, plus a sliding window;
+    the blocks between them are freed (see docs/custom-managers.md)."""
+
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
         num_sink_tokens: int = attrs.field(validator=non_negative_int)

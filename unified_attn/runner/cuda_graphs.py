@@ -27,6 +27,9 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
+    """One captured graph per decode batch size (`capture_sizes`) over persistent buffers;
+    `run` copies a step into the buffers, lets the backends plan on them, and replays."""
+
     def __init__(
         self,
         model: Any,

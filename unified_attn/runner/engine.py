@@ -34,6 +34,8 @@ def parse_memory(value: int | str) -> int:
 
 @attrs.frozen
 class EngineConfig:
+    """Everything `LLMEngine(model, **kwargs)` accepts (see docs/architecture.md)."""
+
     model: str = "tiny-llama"
     device: str = "cpu"
     backend: str | None = None
@@ -52,6 +54,8 @@ class EngineConfig:
 
 @attrs.define
 class RequestOutput:
+    """A finished request: its tokens, why it stopped, and the logits it asked for."""
+
     request_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -64,6 +68,8 @@ class RequestOutput:
 
 @attrs.define
 class EngineStats:
+    """Counters over the engine's life: steps, tokens, time in `step`."""
+
     steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -85,6 +91,15 @@ _FINISH_REASONS = {
 
 
 class LLMEngine:
+    """A model on one device behind `generate`, or driven step by step.
+
+    Construction loads the model (a preset or a Hugging Face checkpoint directory) with the
+    selected backends, lets the worker plan, size and allocate the KV cache, and builds the
+    `KVCacheManager`, the `Scheduler` and the `ModelRunner`. Then either `generate(prompts,
+    params)` runs prompts to completion, or a serving loop calls `add_request`,
+    `abort_request` and `step()`. Bad input raises `ValueError` before any state changes.
+    """
+
     def __init__(self, model: str = "tiny-llama", **kwargs: Any) -> None:
         self.config = config = EngineConfig(model=model, **kwargs)
         self.device = torch.device(config.device)

@@ -43,6 +43,8 @@ class _HostLayout:
 
 @attrs.define
 class StepResult:
+    """What a step produced: sampled tokens and the logits requests asked for (host)."""
+
     sampled: dict[str, int] = attrs.Factory(dict)
     prompt_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # rows of this step's prompt
     sample_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # the sampled row
@@ -89,6 +91,14 @@ class BlockTables:
 
 
 class ModelRunner:
+    """Turns a `SchedulerOutput` into tensors and runs the model.
+
+    Per step: update the persistent block tables, lay the scheduled tokens out
+    (`prepare_inputs` -> `StepInputs`), run every backend's `prep_forward` once (the flat
+    loop), the model forward, and sampling. Decode steps replay CUDA graphs when every backend
+    supports them.
+    """
+
     def __init__(
         self,
         model: Any,

@@ -26,6 +26,8 @@ from unified_attn.tensor_specs import as_dtype
 
 @attrs.frozen
 class ModelSource:
+    """A loaded model with what the engine needs to know about it."""
+
     model: DecoderModel
     tokenizer: Any
     backend_cls: type[AttentionBackend]

@@ -23,6 +23,9 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 class Sampler:
+    """Samples one token per row; a seeded request keeps its own generator for its whole life
+    (across preemption), others share the engine's."""
+
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = device
         self.default_generator = torch.Generator(device=device).manual_seed(seed)

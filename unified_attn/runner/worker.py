@@ -24,6 +24,8 @@ DEFAULT_BLOCK_SIZE = 16
 
 @attrs.frozen
 class LayerPlan:
+    """One attention layer as planning sees it: its config, backend and tensor spec."""
+
     layer: LayerConfig
     backend: AttentionBackend = attrs.field(eq=False)
     spec: KVCacheTensorSpec
@@ -31,6 +33,9 @@ class LayerPlan:
 
 @attrs.frozen
 class GroupPlan:
+    """One KV-cache group: layers whose backends declared the same `(manager_cls, config)`,
+    sharing one block table per request."""
+
     manager_cls: type
     config: Any
     layers: tuple[LayerPlan, ...]
@@ -43,6 +48,9 @@ class GroupPlan:
 
 @attrs.frozen
 class KVCachePlan:
+    """Every group and the tokens per block: all the worker needs to size and allocate the
+    cache, and all the scheduler needs (`scheduler_config`) besides the block count."""
+
     block_size: int
     groups: tuple[GroupPlan, ...]
 
