@@ -88,3 +88,9 @@ def test_seeded_sampling_continues_its_stream_after_preemption():
     outs = tight.generate([*crowd, prompt], [SamplingParams(max_tokens=40)] * 2 + [params])
     assert outs[-1].num_preemptions > 0
     assert outs[-1].output_token_ids == alone
+
+
+@pytest.mark.parametrize("device, message", [("gpu", "not a device name"), ("mps", "not mps")])
+def test_unknown_devices_are_refused_before_anything_is_built(device, message):
+    with pytest.raises(ValueError, match=message):
+        LLMEngine("tiny-llama", device=device)

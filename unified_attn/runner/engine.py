@@ -12,6 +12,7 @@ import torch
 
 from unified_attn.managers import KVCacheManager
 from unified_attn.request import Request, RequestStatus
+from unified_attn.runner.device import resolve_device
 from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.scheduler import Scheduler
@@ -102,7 +103,7 @@ class LLMEngine:
 
     def __init__(self, model: str = "tiny-llama", **kwargs: Any) -> None:
         self.config = config = EngineConfig(model=model, **kwargs)
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
         source = load_model(config)
         self.model, self.tokenizer, self.backend_cls = (
             source.model,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import attrs
@@ -20,6 +19,7 @@ from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     SplitPlan,
     SplitScratch,
+    interpreter_on,
     plan_split,
     unified_attention,
     write_kv_cache,
@@ -27,10 +27,6 @@ from unified_attn.backends.triton.ops import (
 from unified_attn.selector import SelectorConfig, register_backend
 
 MAX_HEAD_SIZE = 256
-
-
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @attrs.frozen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import attrs
 import torch
@@ -44,6 +45,11 @@ def plan_split(
         return None
     segments = min(MAX_SEGMENTS, triton.next_power_of_2(cdiv(target, programs)))
     return SplitPlan(segments, cdiv(cdiv(max_seq_len, segments), 64) * 64)
+
+
+def interpreter_on() -> bool:
+    """True when Triton runs its CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache

@@ -8,8 +8,6 @@ per-layer impl launches `write_kv_cache` and `unified_attention`. Cache layout:
 
 from __future__ import annotations
 
-import os
-
 import attrs
 import torch
 
@@ -18,6 +16,7 @@ from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     SplitPlan,
     SplitScratch,
+    interpreter_on,
     plan_split,
     unified_attention,
     write_kv_cache,
@@ -158,5 +157,4 @@ class LegacyTritonBackend(LegacyAttentionBackend):
 
     @classmethod
     def supports_device(cls, device_type: str) -> bool:
-        interpreter = os.environ.get("TRITON_INTERPRET", "0") == "1"
-        return device_type == "cuda" or (device_type == "cpu" and interpreter)
+        return device_type == "cuda" or (device_type == "cpu" and interpreter_on())
