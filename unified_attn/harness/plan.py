@@ -189,7 +189,7 @@ def add_parser(commands: Any) -> None:
 
 
 def main(args: Any) -> int:
-    from unified_attn.runner.engine import parse_memory
+    from unified_attn.runner.memory import parse_memory
     from unified_attn.tensor_specs import as_dtype
 
     config = resolve_model_config(args.model)
