@@ -10,6 +10,10 @@ batch. Besides the outputs it checks the contract: `get_cache_config` is pure, t
 written in place and returned, bad shapes and dtypes raise ValueError, and on CUDA `forward`
 neither syncs with the host nor allocates (on CPU these two are "not measurable").
 
+Backends of recurrent-state layers (`layer_kinds` with "linear_state") run the state cells of
+`state` instead: several steps through `StateManager` state blocks, against the gated linear
+recurrence computed token by token in float64.
+
 Modules: `cells` (the grid), `steps` (a cell's inputs and block tables), `checks` (the
 contract checks), `driver` (binding and stepping one backend), `oracle` (the comparison with
 the reference backend), `run` (`run_cell`, `run_conformance`), `report` (`print_report`),

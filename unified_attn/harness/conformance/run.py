@@ -11,6 +11,7 @@ from unified_attn.backend import AttentionBackend
 from unified_attn.harness.conformance.cells import CUDA_CELLS, GRID, Cell
 from unified_attn.harness.conformance.checks import check_cache_config
 from unified_attn.harness.conformance.oracle import compare_with_oracle
+from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
 from unified_attn.legacy_adapter import (
     LegacyAttentionBackend,
     LegacyBackendAdapter,
@@ -51,17 +52,32 @@ def backend_class(
     return backend
 
 
+def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[Cell | StateCell, ...]:
+    """The grid of every layer kind the backend computes (half-precision cells on CUDA)."""
+    cells: tuple[Cell | StateCell, ...] = ()
+    if "attention" in backend_cls.layer_kinds:
+        cells += GRID + (CUDA_CELLS if torch.device(device).type == "cuda" else ())
+    if "linear_state" in backend_cls.layer_kinds:
+        cells += STATE_GRID
+    return cells or GRID  # a kind the suite does not know: the attention cells say so
+
+
 def run_conformance(
     backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
     device: str = "cpu",
-    cells: tuple[Cell, ...] | None = None,
+    cells: tuple[Cell | StateCell, ...] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Every cell of the grid (plus half-precision cells on CUDA); `report["ok"]`."""
+    """Every cell of the backend's layer kinds (`default_cells`) or of `cells`; `report["ok"]`."""
     backend_cls = backend_class(backend)
     if cells is None:
-        cells = GRID + (CUDA_CELLS if torch.device(device).type == "cuda" else ())
-    rows = [run_cell(backend_cls, cell, device, seed) for cell in cells]
+        cells = default_cells(backend_cls, device)
+    rows = [
+        run_state_cell(backend_cls, cell, device, seed)
+        if isinstance(cell, StateCell)
+        else run_cell(backend_cls, cell, device, seed)
+        for cell in cells
+    ]
     return {
         "backend": backend_cls.name,
         "class": f"{backend_cls.__module__}.{backend_cls.__qualname__}",

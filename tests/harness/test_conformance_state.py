@@ -1,0 +1,52 @@
+"""The conformance suite's state cells pass the shipped state backend and fail wrong ones."""
+
+import pytest
+
+from unified_attn.backends.linear_state import LinearStateBackend
+from unified_attn.harness.conformance import run_conformance
+from unified_attn.harness.conformance.state import STATE_GRID
+
+
+def test_the_state_backend_passes_every_state_cell():
+    report = run_conformance("linear-state")
+    assert report["ok"] and report["passed"] == len(STATE_GRID), report["cells"]
+    checks = report["cells"][-1]["checks"]
+    assert checks["cache config pure"] == checks["in-place output"] == "pass"
+    assert checks["rejects bad inputs"] == "pass"
+
+
+class ForgetsItsState(LinearStateBackend):
+    """Starts every step from zeros: right for a prefill, wrong for anything after it."""
+
+    name = "forgets-its-state"
+
+    def prep_forward(self, common, block_tables, for_cudagraph_capture=False):
+        super().prep_forward(common, block_tables, for_cudagraph_capture)
+        plan = self.current_plan()
+        rows = {g: [r._replace(read=None) for r in rs] for g, rs in plan.requests.items()}
+        self.plan = type(plan)(rows)
+
+
+class WrongDecay(LinearStateBackend):
+    """Applies the gate twice."""
+
+    name = "wrong-decay"
+
+    def forward(self, layer, output, query, key, value, **kwargs):
+        return super().forward(layer, output, query, key, value, log_gate=2 * kwargs["log_gate"])
+
+
+@pytest.mark.parametrize("backend", [ForgetsItsState, WrongDecay])
+def test_wrong_state_backends_fail_with_where_the_error_is(backend):
+    report = run_conformance(backend)
+    failed = [r for r in report["cells"] if r["status"] == "fail"]
+    assert not report["ok"] and failed
+    assert "max error" in failed[0]["detail"] and "step" in failed[0]["detail"]
+    if backend is ForgetsItsState:  # a single prefill from zeros is right
+        assert report["cells"][0]["status"] == "pass"
+
+
+def test_attention_backends_report_state_cells_as_unsupported():
+    report = run_conformance("reference", cells=STATE_GRID[:1])
+    assert report["cells"][0]["status"] == "unsupported"
+    assert "not linear_state" in report["cells"][0]["detail"]
