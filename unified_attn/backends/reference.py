@@ -38,11 +38,11 @@ class GroupIndex:
 @attrs.frozen
 class ReferencePlan:
     """The reference backend's step: decode rows (one query token) in one padded batch, the
-    other rows one by one."""
+    other rows one by one (all of them in batch-invariant mode)."""
 
     query_ranges: list[tuple[int, int]]  # host: token rows of each request
     computed: list[int]  # host: tokens of each request already in the cache
-    prefill_rows: list[int]  # host: requests with more than one query token
+    prefill_rows: list[int]  # host: requests attended one by one (all but the decode batch)
     decode_tokens: torch.Tensor  # device [Bd] int64: token row of each decode request
     decode_pos: torch.Tensor  # device [Bd]: position of that token
     decode_valid: torch.Tensor  # device [Bd, S] bool: key positions each decode row may read
@@ -76,11 +76,16 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
         qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
         seq_lens = common.seq_lens_cpu.tolist()[:num_reqs]
         query_ranges = list(itertools.pairwise(qsl))
-        decode = [i for i, (a, b) in enumerate(query_ranges) if b - a == 1]
+        # Decode rows share one batch padded to the longest; in batch-invariant mode every
+        # request is attended on its own (the padding would change the reduction's shape).
+        decode = [
+            i for i, (a, b) in enumerate(query_ranges) if b - a == 1 and not self.batch_invariant
+        ]
         device = common.positions.device
         decode_pos = torch.tensor([seq_lens[i] - 1 for i in decode], device=device)
         max_len = max((seq_lens[i] for i in decode), default=0)
-        prefill_rows = [i for i, (a, b) in enumerate(query_ranges) if b - a != 1]
+        batched = set(decode)
+        prefill_rows = [i for i in range(num_reqs) if i not in batched]
         self.plan = ReferencePlan(
             query_ranges=query_ranges,
             computed=common.num_computed_tokens_cpu.tolist()[:num_reqs],
