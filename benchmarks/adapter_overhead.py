@@ -25,11 +25,10 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
-from common import RESULTS_DIR, command_line, table, write_json
+from common import add_out_argument, command_line, output_dir, table, write_json
 from rich.console import Console
 
 from unified_attn import LLMEngine, SamplingParams
@@ -200,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "--pairs", default=None, help="native backends (default: reference; on CUDA also triton)"
     )
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=RESULTS_DIR)
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     devices = args.device.split(",")
     prepare_cli(devices[0], args.threads)
@@ -222,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "results": results,
     }
     print_table(report)
-    write_json(Path(args.out) / "adapter_overhead.json", report)
+    write_json(output_dir(args) / "adapter_overhead.json", report)
     return report
 
 

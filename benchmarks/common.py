@@ -21,6 +21,22 @@ from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 RESULTS_DIR = "benchmarks/results"  # default output directory, relative to the repository root
+QUICK_DIR = "benchmarks/results/quick"  # `--quick` runs: a scratch folder git ignores
+
+
+def add_out_argument(parser: Any) -> None:
+    """`--out DIR`; without it, full runs write the committed results and `--quick` runs a
+    scratch folder, so a smoke run never overwrites measured figures."""
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"output directory (default {RESULTS_DIR}; {QUICK_DIR} with --quick)",
+    )
+
+
+def output_dir(args: Any) -> Path:
+    return Path(args.out or (QUICK_DIR if getattr(args, "quick", False) else RESULTS_DIR))
+
 
 # The attention shape of the GPU benchmarks: query heads, KV heads, head size, page (block) size.
 HQ, HKV, HEAD, PAGE = 32, 8, 128, 16

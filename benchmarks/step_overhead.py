@@ -17,11 +17,10 @@ import argparse
 import gc
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import attrs
 import torch
-from common import RESULTS_DIR, command_line, table, write_json
+from common import add_out_argument, command_line, output_dir, table, write_json
 from rich.console import Console
 
 from unified_attn.harness.bench import machine_info, summary
@@ -102,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", default="reference")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=RESULTS_DIR)
+    add_out_argument(parser)
     args = parser.parse_args(argv)
     sizes = [8, 16] if args.quick else [64, 256, 512]
     steps, warmup = (3, 1) if args.quick else (32, 4)
@@ -131,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "results": results,
     }
     print_table(report)
-    write_json(Path(args.out) / "step_overhead.json", report)
+    write_json(output_dir(args) / "step_overhead.json", report)
     return report
 
 

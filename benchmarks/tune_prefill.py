@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-from pathlib import Path
 
 import torch
-from common import HEAD, HKV, HQ, RESULTS_DIR, gpu_ms, prefill_launch, write_json
+from common import HEAD, HKV, HQ, add_out_argument, gpu_ms, output_dir, prefill_launch, write_json
 
 from unified_attn.backends.triton import ops
 
@@ -26,7 +25,7 @@ def fixed(cfg: ops.TileConfig, *_args: object) -> ops.TileConfig:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lens", default="8192")
-    parser.add_argument("--out", default=RESULTS_DIR)
+    add_out_argument(parser)
     args = parser.parse_args()
     rows = []
     for length in [int(x) for x in args.lens.split(",")]:
@@ -53,7 +52,7 @@ def main() -> None:
                          "stages": stages, "tflops": tflops, "flash_tflops": flash})  # fmt: skip
             print(f"  BLOCK_M={bm} TILE={tile} warps={warps} stages={stages}: {tflops:.1f} "
                   f"({tflops / flash:.2f}x flash)", flush=True)  # fmt: skip
-    write_json(Path(args.out) / "tune_prefill.json", rows, indent=1)
+    write_json(output_dir(args) / "tune_prefill.json", rows, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from common import (
     HQ,
     PAGE,
     REP_MS,
-    RESULTS_DIR,
     WARMUP_MS,
+    add_out_argument,
     command_line,
     make_console,
     utc_timestamp,
@@ -71,7 +71,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description="Attention kernel benchmark (GPU): ours vs SDPA flash/cuDNN and FlexAttention."
     )
-    ap.add_argument("--out", default=RESULTS_DIR, help="output directory")
+    add_out_argument(ap)
     ap.add_argument("--quick", action="store_true", help="a small subset (about 2 minutes)")
     ap.add_argument(
         "--sections",

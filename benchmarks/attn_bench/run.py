@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import write_json
+from common import output_dir, write_json
 from rich.console import Console
 
 from .config import SECTIONS, SEED
@@ -33,7 +33,7 @@ class Run:
         self.dev = torch.device("cuda")
         self.rng = random.Random(SEED)
         self.gen = torch.Generator().manual_seed(SEED)
-        self.out_dir = Path(args.out)
+        self.out_dir = output_dir(args)
         self.json_path = self.out_dir / "attention.json"
         self.png_path = self.out_dir / "attention.png"
         self.copy_tb_s: float | None = None

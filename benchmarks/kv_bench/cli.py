@@ -7,10 +7,16 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from common import RESULTS_DIR, command_line, make_console, utc_timestamp, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    make_console,
+    output_dir,
+    utc_timestamp,
+    write_json,
+)
 
 from unified_attn.harness.bench import machine_info
 
@@ -42,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="KV-cache manager micro-benchmarks (CPU, pure Python)."
     )
     ap.add_argument("--quick", action="store_true", help="small workloads (smoke test)")
-    ap.add_argument("--out", default=RESULTS_DIR, help="output directory")
+    add_out_argument(ap)
     ap.add_argument(
         "--profile",
         action="store_true",
@@ -81,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     params = dict(QUICK_PARAMS if args.quick else FULL_PARAMS)
     console = make_console(150)
-    out_dir = Path(args.out)
+    out_dir = output_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = header(args, params, argv)
     t_start = time.perf_counter()
