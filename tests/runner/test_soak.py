@@ -156,11 +156,31 @@ class Soak:
         alone = LLMEngine(self.preset, enable_prefix_caching=False, seed=self.seed, **ENGINE)
         for rid, out in self.outputs.items():
             submitted = self.submitted[rid]
-            (ref,) = alone.generate([submitted.prompt], submitted.params)
-            assert (out.output_token_ids, out.finish_reason) == (
+            params = attrs.evolve(submitted.params, return_logits=True)
+            (ref,) = alone.generate([submitted.prompt], params)
+            if (out.output_token_ids, out.finish_reason) == (
                 ref.output_token_ids,
                 ref.finish_reason,
-            ), f"{self.preset}: {rid} ({submitted.params}) differs from the same request alone"
+            ):
+                continue
+            # Batches change float rounding in the last bits: a greedy request may take the
+            # other side of an exact tie. Accept that, and only that.
+            assert submitted.params.greedy and is_tie(out, ref), (
+                f"{self.preset}: {rid} ({submitted.params}) differs from the same request alone"
+            )
+
+
+TIE = 1e-5  # logits closer than this are a tie in float32
+
+
+def is_tie(out, ref) -> bool:
+    """The first differing token of `out` was within `TIE` of the reference's choice."""
+    pairs = zip(out.output_token_ids, ref.output_token_ids, strict=False)
+    j = next((j for j, (a, b) in enumerate(pairs) if a != b), None)
+    if j is None:
+        return False  # same tokens, another finish reason: not a tie
+    logits = ref.logits[j]
+    return bool(logits[ref.output_token_ids[j]] - logits[out.output_token_ids[j]] < TIE)
 
 
 def check_invariants(engine: LLMEngine) -> None:
