@@ -1,6 +1,8 @@
-"""`unified-attn check` and `unified-attn migrate`: exit codes and JSON output."""
+"""`unified-attn`: `check` and `migrate` exit codes and JSON output; one naming of backends
+(`run` takes what `check` and `migrate` take); `backends`, `models`, `--version`, `--help`."""
 
 import json
+import sys
 
 import pytest
 
@@ -48,3 +50,112 @@ def test_migrate_passes_and_fails(capsys):
 def test_unknown_backends_exit_2_with_a_message(capsys, argv):
     code, out = run(capsys, *argv)
     assert code == 2 and "error:" in out.err
+
+
+# ---- one naming of backends, the listing commands, --version and --help ----------------------
+
+FAST = ["--num-requests", "2", "--max-tokens", "2", "--json"]
+
+MY_BACKENDS = '''
+from unified_attn.backends.reference import ReferenceAttentionBackend
+from unified_attn.legacy_adapter.ports.reference import LegacyReferenceBackend
+
+
+class CwdBackend(ReferenceAttentionBackend):
+    name = "cwd-native"
+
+
+class CwdLegacyBackend(LegacyReferenceBackend):
+    """A four-class backend: `run` wraps it in LegacyBackendAdapter."""
+'''
+
+
+@pytest.mark.parametrize(
+    "backend, name",
+    [
+        ("reference", "reference"),
+        ("legacy-reference", "legacy-reference"),
+        ("cwd_backends_for_run:CwdBackend", "cwd-native"),
+        ("cwd_backends_for_run:CwdLegacyBackend", "legacy-reference"),
+    ],
+)
+def test_run_takes_every_backend_name_check_and_migrate_take(
+    capsys, monkeypatch, tmp_path, backend, name
+):
+    (tmp_path / "cwd_backends_for_run.py").write_text(MY_BACKENDS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run puts the cwd on it
+    monkeypatch.delitem(sys.modules, "cwd_backends_for_run", raising=False)
+    code, out = run(capsys, "run", "--backend", backend, *FAST)
+    assert code == 0, out.err
+    report = json.loads(out.out)
+    assert report["backend"] == name and report["num_requests"] == 2
+
+
+def test_the_engine_takes_legacy_names_too():
+    from unified_attn import LLMEngine, SamplingParams
+
+    engine = LLMEngine("tiny-llama", backend="legacy-reference", max_model_len=64)
+    assert engine.backend_cls.name == "legacy-reference"
+    (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
+    assert len(out.output_token_ids) == 2
+
+
+def test_backends_lists_capabilities_and_why_each_runs_here_or_not(capsys):
+    code, out = run(capsys, "backends", "--device", "cpu", "--json")
+    rows = {row["name"]: row for row in json.loads(out.out)}
+    assert code == 0
+    assert {"reference", "triton", "linear-state", "legacy-reference", "legacy-triton"} <= set(rows)
+    reference = rows["reference"]
+    assert reference["priority"] == {"cpu": 100, "cuda": 10}
+    assert reference["reasons"] == [] and reference["automatic"]
+    assert reference["batch_invariant"] and not reference["cuda_graphs"]
+    assert rows["linear-state"]["layer_kinds"] == ["linear_state"]
+    assert rows["legacy-reference"]["priority"] == {}  # chosen by name only
+    code, out = run(capsys, "backends", "--device", "cpu")
+    assert code == 0 and "legacy-reference" in out.out and "by name" in out.out
+
+
+def test_models_lists_presets_shapes_and_architectures(capsys):
+    code, out = run(capsys, "models", "--json")
+    report = json.loads(out.out)
+    presets = {row["name"]: row for row in report["presets"]}
+    assert code == 0
+    assert presets["tiny-hybrid"]["layer_kinds"] == "full x1, sliding 32 x2, chunked 64 x1"
+    assert "gpt-oss-20b" in {row["name"] for row in report["real_shapes"]}
+    assert "LlamaForCausalLM" in report["architectures"]
+    code, out = run(capsys, "models")
+    assert code == 0 and "tiny-hybrid" in out.out and "LlamaForCausalLM" in out.out
+
+
+def test_version(capsys):
+    from importlib import metadata
+
+    from unified_attn.cli import version
+
+    code, out = run(capsys, "--version")
+    assert code == 0 and out.out.strip() == f"unified-attn {version()}"
+    try:
+        expected = metadata.version("unified_attn")
+    except metadata.PackageNotFoundError:  # a source tree on PYTHONPATH
+        expected = "unknown (not installed"
+    assert version().startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "command, shown",
+    [
+        ("run", ["(default: 32)", "(default: tiny-llama)", "{float32,float16,bfloat16}"]),
+        ("plan", ["(default: 64MiB)", "(default: tiny-llama)", "(default: 512)"]),
+        ("check", ["(default: 1)", "(default: cpu)"]),
+        ("migrate", ["(default: tiny-hybrid)", "{float32,float16,bfloat16}"]),
+        ("backends", ["--device"]),
+        ("models", ["--json"]),
+    ],
+)
+def test_every_help_shows_defaults_and_choices(capsys, command, shown):
+    code, out = run(capsys, command, "--help")
+    text = " ".join(out.out.split())  # help wraps lines
+    assert code == 0
+    for fragment in shown:
+        assert fragment in text

@@ -55,3 +55,59 @@ def test_plan_command_rejects_unknown_models(capsys):
 
     assert main(["plan", "--model", "no-such-model"]) == 2
     assert "real-model shape" in capsys.readouterr().err
+
+
+# ---- the plan tells the truth: run's defaults, shown; no gain forced to 100% ----------------
+
+
+def test_plan_takes_runs_defaults_shows_them_and_matches_what_run_allocates(capsys):
+    import json
+
+    from unified_attn import LLMEngine
+    from unified_attn.cli import main
+
+    assert main(["plan", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"] == {
+        "model": "tiny-llama",
+        "kv_cache_memory": 64 * 2**20,
+        "max_model_len": 2048,
+        "max_in_flight_tokens": 512,
+        "dtype": "float32",
+        "block_size": 16,
+    }
+    kv = LLMEngine().kv_cache_report  # `unified-attn run`'s engine on CPU
+    hybrid = report["hybrid"]
+    assert hybrid["bytes_per_block"] == kv.bytes_per_block
+    assert hybrid["num_blocks"] == kv.num_blocks - 1  # the null block
+    assert [g["blocks_per_request"] for g in hybrid["groups"]] == list(kv.blocks_per_request)
+    assert main(["plan"]) == 0
+    assert "plan for tiny-llama: KV cache 64.0 MiB, max_model_len 2,048, 512 tokens" in " ".join(
+        capsys.readouterr().out.split()
+    )
+
+
+def test_no_possible_gain_is_not_reported_as_all_of_it(capsys):
+    from unified_attn.cli import main
+    from unified_attn.models import get_preset
+
+    result = compare(get_preset("tiny-llama"), 64 * 2**20, 2048)
+    assert result["theoretical_ratio"] == 1.0
+    assert result["fraction_of_theoretical_gain"] is None
+    assert main(["plan", "--model", "tiny-llama"]) == 0
+    assert "no gain is possible" in capsys.readouterr().out
+
+
+def test_a_loss_is_reported_as_a_loss():
+    from unified_attn.models import get_preset
+
+    # State layers: ideally one state each, but their pages pad the attention group's blocks.
+    result = compare(get_preset("hybrid-linear"), 64 * 2**20, 2048, max_in_flight_tokens=512)
+    achieved, ideal = result["capacity_ratio"], result["theoretical_ratio"]
+    assert ideal > 1.9
+    assert result["fraction_of_theoretical_gain"] == pytest.approx((achieved - 1) / (ideal - 1))
+
+
+def test_real_shapes_have_their_context_lengths():
+    assert REAL_SHAPES["gpt-oss-20b"].max_position_embeddings == 131072
+    assert REAL_SHAPES["gemma2-9b"].max_position_embeddings == 8192

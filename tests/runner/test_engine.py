@@ -102,7 +102,7 @@ def test_kv_budget_too_small_for_one_request():
 
 
 def test_unknown_backend_and_model_names():
-    with pytest.raises(ValueError, match=r"valid names: \[.*'reference'"):
+    with pytest.raises(ValueError, match=r"unknown attention backend 'flash'.*reference"):
         LLMEngine("tiny-llama", backend="flash")
     with pytest.raises(ValueError, match="neither a preset"):
         LLMEngine("no-such-model")

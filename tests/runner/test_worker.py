@@ -1,4 +1,5 @@
-"""Worker planning: grouping by (manager_cls, config), splitting, sizing, binding."""
+"""Worker planning: grouping by (manager_cls, config), splitting, sizing, binding; the budget
+checked against the device; memory sizes (`runner/memory.py`)."""
 
 import attrs
 import pytest
@@ -7,6 +8,7 @@ import torch
 from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
+from unified_attn.runner.memory import format_memory, parse_memory
 from unified_attn.runner.worker import Worker, agree_on_num_blocks, plan_kv_cache
 
 
@@ -117,3 +119,67 @@ def test_engine_agrees_on_the_minimum_block_count():
 def test_block_size_must_be_positive():
     with pytest.raises(ValueError, match="block_size must be positive"):
         plan_kv_cache([(layer(0), backend())], block_size=0)
+
+
+# ---- the budget against what the device has; memory sizes as users write them -------------
+
+
+def one_layer_worker(device: str, memory: int) -> Worker:
+    return Worker(
+        FakeModel([(layer(0), backend())]),
+        device=device,
+        max_model_len=64,
+        max_in_flight_tokens=16,
+        kv_cache_memory=memory,
+    )
+
+
+def test_a_budget_larger_than_the_host_names_both_sizes(monkeypatch):
+    import unified_attn.runner.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "host_memory_bytes", lambda: 8 * 2**30)
+    with pytest.raises(ValueError) as error:
+        one_layer_worker("cpu", 12 * 2**30).determine_num_blocks()
+    assert str(error.value) == (
+        "kv_cache_memory=12.0 GiB is more than this machine's RAM has (8.0 GiB in total); "
+        "give the KV cache at most 8.0 GiB"
+    )
+    assert one_layer_worker("cpu", 8 * 2**30).available_memory() == 8 * 2**30
+
+
+def test_a_budget_larger_than_the_gpu_names_both_sizes(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 80 * 2**30))
+    with pytest.raises(ValueError, match=r"kv_cache_memory=1.0 TiB is more than device 'cuda' "
+                                         r"has \(80.0 GiB in total\)"):  # fmt: skip
+        one_layer_worker("cuda", 2**40).available_memory()
+
+
+def test_a_budget_must_be_positive():
+    with pytest.raises(ValueError, match="kv_cache_memory must be a positive number of bytes"):
+        one_layer_worker("cpu", 0).available_memory()
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("256MiB", 256 * 2**20), ("1.5GiB", 3 * 2**29), ("512m", 512 * 2**20), ("2TB", 2 * 10**12),
+     ("1TiB", 2**40), ("1t", 2**40), ("3 kb", 3000), ("4096", 4096), (".5k", 512), (7, 7)],
+)  # fmt: skip
+def test_parse_memory_units(text, size):
+    assert parse_memory(text) == size
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("5XB", "unknown unit 'XB'"), ("0", "is zero"), ("0GiB", "is zero"),
+     ("-1GiB", "is negative"), (-5, "is negative"), ("0.1b", "under one byte"),
+     ("1.2.3GiB", "cannot parse"), (True, "is not a size")],
+)  # fmt: skip
+def test_parse_memory_refuses_what_makes_no_sense(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_memory(text)
+
+
+def test_format_memory():
+    assert [format_memory(n) for n in (512, 2048, 3 * 2**29, 2**40)] == [
+        "512 B", "2.0 KiB", "1.5 GiB", "1.0 TiB"
+    ]  # fmt: skip

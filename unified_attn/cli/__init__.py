@@ -1,31 +1,93 @@
-"""The `unified-attn` command: `build_parser` (one subcommand per module: `run` in this package,
-`migrate`, `check` and `plan` in the harness) and `main`, the console script."""
+"""The `unified-attn` command: `build_parser` (one subcommand per module: `run`, `backends` and
+`models` in this package, `migrate`, `check` and `plan` in the harness) and `main`, the console
+script.
+
+Every `--help` shows the defaults; bad input (a usage error or a `ValueError` from the run) is
+one line on stderr and exit code 2, Ctrl-C one "interrupted" line and exit code 130, never a
+traceback."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from typing import Any, NoReturn
 
-from unified_attn.cli import run
+from unified_attn.cli import backends, models, run
 from unified_attn.harness import plan
 from unified_attn.harness.conformance import command as check
 from unified_attn.harness.migration import command as migrate
 
+PROG = "unified-attn"
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows `(default: X)` where there is a default to show (not for None or flags)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose help shows defaults and whose usage errors are one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="unified-attn", description="The `unified-attn` command.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for command in (run, migrate, check, plan):
+    parser = CommandParser(prog=PROG, description="The `unified-attn` command.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
+    for command in (run, migrate, check, plan, backends, models):
         command.add_parser(commands)
     return parser
 
 
+def version() -> str:
+    try:
+        return metadata.version("unified_attn")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit 0: done or passed; 1: a migrate or check mismatch or failure; 2: a bad argument."""
-    args = build_parser().parse_args(argv)
+    """Exit 0: done or passed; 1: a migrate or check mismatch or failure; 2: bad input;
+    130: interrupted."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help, --version, or a usage error already printed
+        return stop.code if isinstance(stop.code, int) else 0
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    where = f"{PROG} {args.command}"
     try:
         return int(args.handler(args))
-    except ValueError as error:
-        print(f"unified-attn: error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, FileNotFoundError) as error:
+        print(f"{where}: error: {one_line(str(error))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def one_line(message: str) -> str:
+    """A multi-line message (a list of reasons) as one line: `a:\n  b\n  c` -> `a: b; c`."""
+    text = ""
+    for line in (part.strip() for part in message.splitlines()):
+        if line:
+            text += (" " if not text or text.endswith(":") else "; ") + line
+    return text.strip()

@@ -1,5 +1,6 @@
 """The `unified-attn run` command: its parser, the engine settings, a workload of requests with
-shared prefixes, the run itself and its report (JSON or rich tables)."""
+shared prefixes (checked to fit `max_model_len`, never cut), the run itself and its report (JSON
+or rich tables)."""
 
 from __future__ import annotations
 
@@ -9,32 +10,102 @@ import random
 import time
 from typing import Any
 
+from unified_attn.harness.conformance.prepare import (
+    DTYPES,
+    add_cwd_to_path,
+    memory_size,
+    positive_int,
+)
 from unified_attn.runner.engine import LLMEngine
+from unified_attn.runner.model_source import DEFAULT_MODEL
 from unified_attn.sampling_params import SamplingParams
+
+# The workload: every request is one of NUM_PREFIXES shared prefixes (random ids, or the given
+# prompt) followed by its own random tail.
+NUM_PREFIXES = 4
+PREFIX_TOKENS = 96
+TAIL_TOKENS = (8, 48)
 
 
 def add_parser(commands: Any) -> None:
     run = commands.add_parser(
         "run", help="generate for a workload of requests with shared prefixes and report"
     )
-    run.add_argument("--model", default="tiny-llama", help="preset name or checkpoint path")
-    run.add_argument("--device", default="cpu")
-    run.add_argument("--backend", default=None, help="attention backend (default: auto)")
-    run.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16")
-    run.add_argument("--num-requests", type=int, default=32)
-    run.add_argument("--max-tokens", type=int, default=32)
-    run.add_argument("--kv-cache-memory", default=None, help="e.g. 64MiB (CPU default 64MiB)")
-    run.add_argument("--block-size", type=int, default=None)
-    run.add_argument("--max-num-seqs", type=int, default=64)
-    run.add_argument("--max-num-batched-tokens", type=int, default=512)
-    run.add_argument("--max-model-len", type=int, default=None)
-    run.add_argument("--temperature", type=float, default=0.0)
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--prompt", default=None, help="shared prompt text (default: random ids)")
-    run.add_argument("--no-prefix-caching", action="store_true")
-    run.add_argument("--batch-invariant", action="store_true")
+    run.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="preset or checkpoint directory (see `unified-attn models`)",
+    )
+    run.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    run.add_argument(
+        "--backend",
+        default=None,
+        help="registered name, legacy-reference / legacy-triton, or module:Class of "
+        "a native or four-class backend (see `unified-attn backends`; default: the "
+        "highest-priority backend valid for the model)",
+    )
+    run.add_argument(
+        "--dtype",
+        default=None,
+        choices=DTYPES,
+        help="model dtype (default: float32 on CPU, bfloat16 on CUDA)",
+    )
+    run.add_argument("--num-requests", type=positive_int, default=32, help="requests to run")
+    run.add_argument(
+        "--max-tokens", type=positive_int, default=32, help="tokens to generate per request"
+    )
+    run.add_argument(
+        "--kv-cache-memory",
+        type=memory_size,
+        default=None,
+        help="KV-cache budget, e.g. 64MiB, 2GiB (default: 64MiB on CPU, on CUDA "
+        "0.9 of the free memory)",
+    )
+    run.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=None,
+        help="tokens per block (default: 16, or what every backend accepts)",
+    )
+    run.add_argument("--max-num-seqs", type=positive_int, default=64, help="requests per step")
+    run.add_argument(
+        "--max-num-batched-tokens", type=positive_int, default=512, help="tokens per step"
+    )
+    run.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="tokens per request, prompt and output (default: the model's max_position_embeddings)",
+    )
+    run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    run.add_argument("--seed", type=int, default=0, help="seed of weights, workload, sampling")
+    prompt = run.add_mutually_exclusive_group()
+    prompt.add_argument(
+        "--prompt",
+        default=None,
+        help=f"shared prompt text (default: {NUM_PREFIXES} prefixes of {PREFIX_TOKENS} random ids)",
+    )
+    prompt.add_argument(
+        "--prompt-ids",
+        type=token_ids,
+        default=None,
+        help="shared prompt as token ids, e.g. 1,2,3 (for models without a tokenizer)",
+    )
+    run.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    run.add_argument("--batch-invariant", action="store_true", help="only batch-invariant backends")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
     run.set_defaults(handler=main)
+
+
+def token_ids(text: str) -> list[int]:
+    """argparse type: comma-separated token ids."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated token ids such as 1,2,3, got {text!r}"
+        ) from None
+    return ids
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,38 +130,87 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "batch_invariant": args.batch_invariant,
         "seed": args.seed,
     }
-    if args.kv_cache_memory is not None or args.device == "cpu":
-        kwargs["kv_cache_memory"] = args.kv_cache_memory or "64MiB"
-    else:
-        kwargs["kv_cache_memory"] = None
+    on_cpu = args.device.partition(":")[0] == "cpu"
+    kwargs["kv_cache_memory"] = args.kv_cache_memory or ("64MiB" if on_cpu else None)
     return kwargs
 
 
 def make_workload(engine: LLMEngine, args: argparse.Namespace) -> list[list[int]]:
-    """Requests sharing one of 4 system prefixes (or the given prompt), each with its own tail."""
+    """Requests sharing one of the prefixes (or the given prompt), each with its own tail;
+    refused, not cut, when the longest request and its output do not fit max_model_len."""
     rng = random.Random(args.seed)
+    prefixes = shared_prefixes(engine, args, rng)
+    check_fits(engine, args, max(len(p) for p in prefixes))
     vocab = engine.vocab_size
+    return [
+        prefixes[i % len(prefixes)]
+        + [rng.randrange(vocab) for _ in range(rng.randint(*TAIL_TOKENS))]
+        for i in range(args.num_requests)
+    ]
+
+
+def shared_prefixes(
+    engine: LLMEngine, args: argparse.Namespace, rng: random.Random
+) -> list[list[int]]:
+    if args.prompt_ids is not None:
+        return [list(args.prompt_ids)]
     if args.prompt is not None:
-        prefixes = [engine.encode(args.prompt)]
-    else:
-        prefixes = [[rng.randrange(vocab) for _ in range(96)] for _ in range(4)]
-    budget = engine.max_model_len - args.max_tokens - 1
-    prompts = []
-    for i in range(args.num_requests):
-        tail = [rng.randrange(vocab) for _ in range(rng.randint(8, 48))]
-        prompts.append((prefixes[i % len(prefixes)] + tail)[: max(budget, 1)])
-    return prompts
+        if engine.tokenizer is None:
+            raise ValueError(
+                f"--prompt: model {args.model!r} has no tokenizer to encode text; pass token "
+                "ids with --prompt-ids 1,2,3 or add the tokenizer files (tokenizer.json) to "
+                "the checkpoint directory"
+            )
+        return [engine.encode(args.prompt)]
+    return [[rng.randrange(engine.vocab_size) for _ in range(PREFIX_TOKENS)]
+            for _ in range(NUM_PREFIXES)]  # fmt: skip
+
+
+def check_fits(engine: LLMEngine, args: argparse.Namespace, prefix_len: int) -> None:
+    """The longest request (prefix, longest tail) plus `--max-tokens` must fit max_model_len."""
+    needed = prefix_len + TAIL_TOKENS[1] + args.max_tokens
+    if needed <= engine.max_model_len:
+        return
+    option = prompt_option(args)
+    prefix = f"the {prefix_len}-token {option}" if option else f"a {prefix_len}-token prefix"
+    raise ValueError(
+        f"requests need up to {needed} tokens ({prefix}, a tail of up to {TAIL_TOKENS[1]} "
+        f"tokens and --max-tokens {args.max_tokens}) but max_model_len is "
+        f"{engine.max_model_len}; " + " or ".join(fixes(engine, args, prefix_len, needed))
+    )
+
+
+def prompt_option(args: argparse.Namespace) -> str | None:
+    if args.prompt is not None:
+        return "--prompt"
+    return "--prompt-ids" if args.prompt_ids is not None else None
+
+
+def fixes(engine: LLMEngine, args: argparse.Namespace, prefix_len: int, needed: int) -> list[str]:
+    """What would fit: fewer output tokens, a shorter prompt, a longer max_model_len."""
+    room = engine.max_model_len - prefix_len - TAIL_TOKENS[1]
+    shorter = prefix_len - (needed - engine.max_model_len)
+    option = prompt_option(args)
+    found = []
+    if room >= 1:
+        found.append(f"lower --max-tokens to at most {room}")
+    if option and shorter >= 1:
+        found.append(f"shorten {option} to at most {shorter} tokens")
+    if needed <= engine.model.config.max_position_embeddings:
+        found.append(f"raise --max-model-len to at least {needed}")
+    return found or ["give a shorter prompt with --prompt-ids"]
 
 
 def run(args: argparse.Namespace) -> dict:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    start = time.perf_counter()
-    engine = LLMEngine(args.model, **engine_kwargs(args))
-    setup_s = time.perf_counter() - start
+    add_cwd_to_path()  # `--backend module:Class` from the working directory
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
+    start = time.perf_counter()
+    engine = LLMEngine(args.model, **engine_kwargs(args))
+    setup_s = time.perf_counter() - start
     for prompt in make_workload(engine, args):
         engine.add_request(prompt, params)
     finished = []

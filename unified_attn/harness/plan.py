@@ -1,8 +1,13 @@
 """Memory planning without allocating: the KV-cache groups of a model, its capacity under a
-memory budget, and the same model with full attention on every layer for comparison."""
+memory budget, and the same model with full attention on every layer for comparison.
+
+`unified-attn plan` takes the defaults of `unified-attn run` on CPU (tiny-llama, 64MiB, the
+model's max_position_embeddings, 512 tokens in flight, float32) and prints the settings it used.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -10,17 +15,21 @@ import attrs
 import torch
 
 from unified_attn.backends.reference import ReferenceAttentionBackend
+from unified_attn.harness.conformance.prepare import DTYPES, memory_size, positive_int
 from unified_attn.models import DecoderModel, LayerKind, ModelConfig
+from unified_attn.runner.memory import format_memory
+from unified_attn.runner.model_source import DEFAULT_MODEL, resolve_max_model_len
 from unified_attn.runner.worker import KVCachePlan, plan_kv_cache
+from unified_attn.tensor_specs import StateSpec, as_dtype
 
 
 def _shape(
-    name: str, layers: int, heads: int, kv_heads: int, head: int, kinds: list
+    name: str, layers: int, heads: int, kv_heads: int, head: int, kinds: list, context: int
 ) -> ModelConfig:
     return ModelConfig(
         name=name, vocab_size=1024, hidden_size=heads * head, intermediate_size=4 * heads * head,
         num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_size=head,
-        max_position_embeddings=1 << 20, layer_kinds=kinds,
+        max_position_embeddings=context, layer_kinds=kinds,
     )  # fmt: skip
 
 
@@ -28,21 +37,23 @@ def _alternate(first: LayerKind, second: LayerKind, layers: int) -> list[LayerKi
     return [first if i % 2 == 0 else second for i in range(layers)]
 
 
-# Real models' attention shapes (layer counts, heads, head sizes, layer patterns); the other
-# dimensions do not affect the KV cache.
+# Real models' attention shapes (layer counts, heads, head sizes, layer patterns) and context
+# lengths (`max_position_embeddings` of their config.json); the other dimensions do not affect
+# the KV cache.
 REAL_SHAPES: dict[str, ModelConfig] = {
     "gpt-oss-20b": _shape("gpt-oss-20b", 24, 64, 8, 64,
-                          _alternate(LayerKind.sliding(128), LayerKind.full(), 24)),
+                          _alternate(LayerKind.sliding(128), LayerKind.full(), 24), 131072),
     "gpt-oss-120b": _shape("gpt-oss-120b", 36, 64, 8, 64,
-                           _alternate(LayerKind.sliding(128), LayerKind.full(), 36)),
+                           _alternate(LayerKind.sliding(128), LayerKind.full(), 36), 131072),
     "gemma2-9b": _shape("gemma2-9b", 42, 16, 8, 256,
-                        _alternate(LayerKind.sliding(4096), LayerKind.full(), 42)),
+                        _alternate(LayerKind.sliding(4096), LayerKind.full(), 42), 8192),
     "gemma2-27b": _shape("gemma2-27b", 46, 32, 16, 128,
-                         _alternate(LayerKind.sliding(4096), LayerKind.full(), 46)),
+                         _alternate(LayerKind.sliding(4096), LayerKind.full(), 46), 8192),
     "llama4-scout": _shape("llama4-scout", 48, 40, 8, 128,
                            [LayerKind.full() if i % 4 == 3 else LayerKind.chunked(8192)
-                            for i in range(48)]),
-    "mistral-7b-v0.1": _shape("mistral-7b-v0.1", 32, 32, 8, 128, [LayerKind.sliding(4096)] * 32),
+                            for i in range(48)], 10485760),
+    "mistral-7b-v0.1": _shape("mistral-7b-v0.1", 32, 32, 8, 128, [LayerKind.sliding(4096)] * 32,
+                              32768),
 }  # fmt: skip
 
 
@@ -61,6 +72,11 @@ class Capacity:
     def capacity_tokens(self) -> int:
         return int(self.max_concurrency * self.max_model_len)
 
+    @property
+    def fits_one_request(self) -> bool:
+        """Whether one request of `max_model_len` fits (the engine refuses a budget where not)."""
+        return self.num_blocks >= sum(self.blocks_per_request)
+
     def as_dict(self) -> dict[str, Any]:
         plan = self.plan
         return {
@@ -69,6 +85,7 @@ class Capacity:
             "num_blocks": self.num_blocks,
             "capacity_tokens": self.capacity_tokens,
             "max_concurrency": self.max_concurrency,
+            "fits_one_request": self.fits_one_request,
             "groups": [
                 {
                     "manager": g.manager_cls.__name__,
@@ -83,8 +100,12 @@ class Capacity:
 
 
 def attention_layers(config: ModelConfig, dtype: torch.dtype) -> list:
-    """`(LayerConfig, backend)` of every layer, from a model built on the meta device."""
-    model = DecoderModel(config, ReferenceAttentionBackend, dtype=dtype, device="meta")
+    """`(LayerConfig, backend)` of every layer, from a model built on the meta device (on CPU
+    when it has state layers: the selector registers no state backend for "meta"; only the
+    small presets have them)."""
+    has_state = any(kind.kind == "linear_state" for kind in config.layer_kinds)
+    device = "cpu" if has_state else "meta"
+    model = DecoderModel(config, ReferenceAttentionBackend, dtype=dtype, device=device)
     return list(model.attention_layers())
 
 
@@ -109,19 +130,46 @@ def all_full(config: ModelConfig) -> ModelConfig:
     return attrs.evolve(config, layer_kinds=[LayerKind.full()] * config.num_layers)
 
 
-def theoretical_ratio(config: ModelConfig, max_model_len: int, max_in_flight_tokens: int) -> float:
+def theoretical_ratio(
+    config: ModelConfig, max_model_len: int, max_in_flight_tokens: int, state_tokens: float = 0.0
+) -> float:
     """Bytes per request with full allocation over bytes with ideal per-layer allocation (no
-    group padding, token-exact windows): the most the hybrid manager can gain."""
+    group padding, token-exact windows, sink tokens kept, one state per state layer): the most
+    the hybrid manager can gain. `state_tokens`: a state layer's state in tokens of one full
+    layer's KV (full allocation makes the state layers full attention layers)."""
     in_flight = min(max_in_flight_tokens, max_model_len)
-    ideal = 0
-    for kind in config.layer_kinds:
-        if kind.window is not None:
-            ideal += min(kind.window - 1 + in_flight, max_model_len)
-        elif kind.chunk is not None:
-            ideal += min(kind.chunk + in_flight, max_model_len)
-        else:
-            ideal += max_model_len
-    return config.num_layers * max_model_len / ideal
+    ideal = sum(
+        state_tokens
+        if kind.kind == "linear_state"
+        else ideal_tokens(kind, max_model_len, in_flight)
+        for kind in config.layer_kinds
+    )
+    return config.num_layers * max_model_len / ideal if ideal else float("inf")
+
+
+def state_size_in_tokens(hybrid: KVCachePlan, full: KVCachePlan) -> float:
+    """One state layer's state bytes over one full layer's KV bytes per token (0: no state)."""
+    states = [lp.spec for g in hybrid.groups for lp in g.layers if isinstance(lp.spec, StateSpec)]
+    if not states:
+        return 0.0
+    layer = full.groups[0].layers[0].spec
+    per_token = layer.page_size_bytes(full.block_size) / full.block_size
+    return states[0].page_size_bytes(hybrid.block_size) / per_token
+
+
+def ideal_tokens(kind: LayerKind, max_model_len: int, in_flight: int) -> int:
+    """Tokens one layer of `kind` must hold for a request of `max_model_len` tokens."""
+    if kind.window is not None:
+        return min(kind.window - 1 + kind.sink_tokens + in_flight, max_model_len)
+    if kind.chunk is not None:
+        return min(kind.chunk + in_flight, max_model_len)
+    return max_model_len
+
+
+def fraction_of_gain(achieved: float, ideal: float) -> float | None:
+    """How much of the theoretical gain the plan achieves (negative: a loss); None when no
+    gain is possible (the ideal ratio is 1)."""
+    return (achieved - 1) / (ideal - 1) if ideal > 1 else None
 
 
 def compare(
@@ -138,7 +186,8 @@ def compare(
     hybrid = capacity(config, memory, max_model_len, **kwargs)  # type: ignore[arg-type]
     full = capacity(all_full(config), memory, max_model_len, **kwargs)  # type: ignore[arg-type]
     achieved = hybrid.capacity_tokens / max(full.capacity_tokens, 1)
-    ideal = theoretical_ratio(config, max_model_len, max_in_flight_tokens)
+    state_tokens = state_size_in_tokens(hybrid.plan, full.plan)
+    ideal = theoretical_ratio(config, max_model_len, max_in_flight_tokens, state_tokens)
     return {
         "model": config.name,
         "memory_bytes": memory,
@@ -147,7 +196,7 @@ def compare(
         "full": full.as_dict(),
         "capacity_ratio": achieved,
         "theoretical_ratio": ideal,
-        "fraction_of_theoretical_gain": (achieved - 1) / (ideal - 1) if ideal > 1 else 1.0,
+        "fraction_of_theoretical_gain": fraction_of_gain(achieved, ideal),
     }
 
 
@@ -170,35 +219,75 @@ def resolve_model_config(name: str) -> ModelConfig:
         return config_from_hf(read_hf_config(path), name=path.name)
     raise ValueError(
         f"model {name!r} is not a preset ({', '.join(sorted(PRESETS))}), a real-model shape "
-        f"({', '.join(sorted(REAL_SHAPES))}) or a checkpoint directory"
+        f"({', '.join(sorted(REAL_SHAPES))}) or a checkpoint directory; see "
+        "`unified-attn models`"
     )
 
 
 def add_parser(commands: Any) -> None:
-    plan = commands.add_parser("plan", help="KV-cache groups and capacity, next to full allocation")
-    plan.add_argument("--model", default="gpt-oss-20b", help="preset, real shape or checkpoint")
-    plan.add_argument("--kv-cache-memory", default="40GiB")
-    plan.add_argument("--max-model-len", type=int, default=32768)
-    plan.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                      help="tokens in flight per request (sizes window groups)")  # fmt: skip
-    plan.add_argument("--dtype", default="bfloat16")
-    plan.add_argument("--block-size", type=int, default=None)
-    plan.add_argument("--json", action="store_true")
-    plan.add_argument("--png", default=None, help="write capacity vs context length here")
+    plan = commands.add_parser(
+        "plan",
+        help="KV-cache groups and capacity, next to full allocation",
+        description="KV-cache groups and capacity of a model under a memory budget, next to "
+        "full attention on every layer. The defaults are those of `unified-attn run` on CPU; "
+        "the settings used are printed with the plan.",
+    )
+    plan.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="preset, real-model shape or checkpoint (see `unified-attn models`)",
+    )
+    plan.add_argument(
+        "--kv-cache-memory",
+        type=memory_size,
+        default="64MiB",
+        help="KV-cache budget, e.g. 64MiB, 40GiB, 1TiB",
+    )
+    plan.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        default=None,
+        help="tokens per request (default: the model's max_position_embeddings)",
+    )
+    plan.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=512,
+        help="tokens in flight per request (sizes window groups)",
+    )
+    plan.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="KV-cache dtype (`run` uses bfloat16 on CUDA)",
+    )
+    plan.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=None,
+        help="tokens per block (default: 16, or what every backend accepts)",
+    )
+    plan.add_argument("--json", action="store_true", help="print the report as JSON only")
+    plan.add_argument(
+        "--png",
+        default=None,
+        help="write capacity vs context length to this PNG (needs matplotlib)",
+    )
     plan.set_defaults(handler=main)
 
 
 def main(args: Any) -> int:
-    from unified_attn.runner.memory import parse_memory
-    from unified_attn.tensor_specs import as_dtype
-
+    if args.png:
+        require_matplotlib()
     config = resolve_model_config(args.model)
-    memory = parse_memory(args.kv_cache_memory)
+    max_model_len = resolve_max_model_len(args.max_model_len, config)
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
                   max_in_flight_tokens=args.max_num_batched_tokens)  # fmt: skip
-    report = compare(config, memory, args.max_model_len, **kwargs)
+    report = compare(config, args.kv_cache_memory, max_model_len, **kwargs)
+    check_some_blocks_fit(report, args.kv_cache_memory)
+    report["settings"] = settings(args, max_model_len, report["hybrid"]["block_size"])
     if args.png:
-        report["png"] = plot_capacity(config, memory, args.png, **kwargs)
+        report["png"] = plot_capacity(config, args.kv_cache_memory, args.png, **kwargs)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -206,15 +295,49 @@ def main(args: Any) -> int:
     return 0
 
 
-def plot_capacity(config: ModelConfig, memory: int, path: str, **kwargs: Any) -> str | None:
-    """Capacity in tokens against max_model_len, hybrid vs full allocation."""
-    try:
-        import matplotlib
+def settings(args: Any, max_model_len: int, block_size: int) -> dict[str, Any]:
+    """What the plan was computed with, defaults included."""
+    return {
+        "model": args.model,
+        "kv_cache_memory": args.kv_cache_memory,
+        "max_model_len": max_model_len,
+        "max_in_flight_tokens": min(args.max_num_batched_tokens, max_model_len),
+        "dtype": args.dtype,
+        "block_size": block_size,
+    }
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+
+def check_some_blocks_fit(report: dict[str, Any], memory: int) -> None:
+    """A budget that holds no block besides the null block has no capacity to compare."""
+    for name in ("hybrid", "full"):
+        plan = report[name]
+        if plan["num_blocks"] == 0:
+            raise ValueError(
+                f"--kv-cache-memory {format_memory(memory)} holds no KV-cache block with "
+                f"{name} allocation: a block takes {plan['bytes_per_block']:,} bytes and one "
+                f"more is the null block; give at least {2 * plan['bytes_per_block']:,} bytes"
+            )
+
+
+def matplotlib_installed() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def require_matplotlib() -> None:
+    if not matplotlib_installed():
+        raise ValueError(
+            "--png needs matplotlib, which is not installed; install it with "
+            "pip install 'unified_attn[plot]' (or pip install matplotlib), or leave out --png"
+        )
+
+
+def plot_capacity(config: ModelConfig, memory: int, path: str, **kwargs: Any) -> str:
+    """Capacity in tokens against max_model_len, hybrid vs full allocation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     lengths = [2**k for k in range(12, 18)]
     hybrid = [capacity(config, memory, n, **kwargs).capacity_tokens for n in lengths]
     full = [capacity(all_full(config), memory, n, **kwargs).capacity_tokens for n in lengths]
@@ -234,6 +357,8 @@ def print_plan(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    if "settings" in report:
+        console.print(describe_settings(report["settings"]))
     groups = Table(title=f"{report['model']}: KV-cache groups", title_justify="left")
     for column in ("manager", "config", "layers", "page bytes", "blocks/request"):
         groups.add_column(column)
@@ -249,8 +374,37 @@ def print_plan(report: dict[str, Any]) -> None:
         summary.add_row(name, f"{c['bytes_per_block']:,}", f"{c['num_blocks']:,}",
                         f"{c['capacity_tokens']:,}", f"{c['max_concurrency']:.2f}")  # fmt: skip
     console.print(summary)
-    console.print(
-        f"capacity ratio {report['capacity_ratio']:.3f}x, theoretical "
-        f"{report['theoretical_ratio']:.3f}x: {report['fraction_of_theoretical_gain']:.1%} of "
-        f"the theoretical gain (max_model_len {report['max_model_len']:,})"
+    console.print(describe_gain(report))
+    for name in ("hybrid", "full"):
+        if not report[name]["fits_one_request"]:
+            console.print(
+                f"note: with {name} allocation one request of max_model_len "
+                f"{report['max_model_len']:,} does not fit this budget (`run` would refuse it)"
+            )
+
+
+def describe_settings(settings: dict[str, Any]) -> str:
+    return (
+        f"plan for {settings['model']}: KV cache {format_memory(settings['kv_cache_memory'])}, "
+        f"max_model_len {settings['max_model_len']:,}, {settings['max_in_flight_tokens']:,} "
+        f"tokens in flight per request, {settings['dtype']}, block size {settings['block_size']}"
     )
+
+
+def describe_gain(report: dict[str, Any]) -> str:
+    ratios = (
+        f"capacity ratio {report['capacity_ratio']:.3f}x, theoretical "
+        f"{report['theoretical_ratio']:.3f}x"
+    )
+    fraction = report["fraction_of_theoretical_gain"]
+    if fraction is None:
+        loss = 1 - report["capacity_ratio"]
+        return (
+            f"{ratios}: no gain is possible at max_model_len {report['max_model_len']:,} "
+            "(every layer keeps the whole context)"
+            + (f"; the per-group plan holds {loss:.1%} fewer tokens" if loss > 0 else "")
+        )
+    where = f"(max_model_len {report['max_model_len']:,})"
+    if fraction < 0:
+        return f"{ratios}: the per-group plan loses capacity, {fraction:.1%} of the gain {where}"
+    return f"{ratios}: {fraction:.1%} of the theoretical gain {where}"

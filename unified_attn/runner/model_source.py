@@ -1,8 +1,15 @@
 """Turn an engine's `model` argument (a preset name or a checkpoint path) into a model with its
-backend selected, its weights and its tokenizer."""
+backend selected, its weights and its tokenizer.
+
+Backends are named the same way everywhere (the engine, `run`, `check`, `migrate`): a registered
+name, a legacy port's name (`legacy-reference`, `legacy-triton`) or `module:Class` of a native
+or a four-class backend (the latter wrapped in `LegacyBackendAdapter`); `resolve_engine_backend`
+resolves them. `describe_backends` and `describe_models` say what this machine can run.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +18,11 @@ import attrs
 import torch
 
 from unified_attn.backend import AttentionBackend
+from unified_attn.legacy_adapter import (
+    LegacyAttentionBackend,
+    LegacyBackendAdapter,
+    resolve_any_backend,
+)
 from unified_attn.models import (
     PRESETS,
     ByteTokenizer,
@@ -20,8 +32,18 @@ from unified_attn.models import (
     get_preset,
 )
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
-from unified_attn.selector import SelectorConfig, batch_invariant_from_env, select_backend
+from unified_attn.models.hf_config import ARCHITECTURES
+from unified_attn.selector import (
+    _REGISTRY,
+    SelectorConfig,
+    backend_reasons,
+    batch_invariant_from_env,
+    registered_backends,
+    select_backend,
+)
 from unified_attn.tensor_specs import as_dtype
+
+DEFAULT_MODEL = "tiny-llama"  # `LLMEngine`'s and `unified-attn run`'s default
 
 
 @attrs.frozen
@@ -65,18 +87,10 @@ def load_model(engine: Any) -> ModelSource:
     """`engine` is an `EngineConfig`."""
     device = torch.device(engine.device)
     dtype = as_dtype(engine.dtype) if engine.dtype else default_dtype(device)
-    path = Path(os.path.expanduser(engine.model))
-    if engine.model in PRESETS:
-        config = get_preset(engine.model)
-    elif path.is_dir():
-        config = config_from_hf(read_hf_config(path), name=path.name)
-    else:
-        raise ValueError(
-            f"model {engine.model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
-            "checkpoint directory"
-        )
+    config = model_config(engine.model)
+    max_model_len = resolve_max_model_len(engine.max_model_len, config)
     selector_cfgs = selector_configs(config, dtype, engine)
-    backend_cls = select_backend(selector_cfgs, override=engine.backend)
+    backend_cls = select_engine_backend(selector_cfgs, engine.backend)
     options = {"batch_invariant": True} if selector_cfgs[0].use_batch_invariant else {}
     if engine.model in PRESETS:
         model = DecoderModel(
@@ -86,14 +100,199 @@ def load_model(engine: Any) -> ModelSource:
         tokenizer: Any = ByteTokenizer(config.bos_token_id, config.eos_token_ids[0])
     else:
         model, tokenizer = load_hf_model(
-            path, backend_cls, dtype=dtype, device=device, backend_options=options
-        )
-    max_model_len = engine.max_model_len or config.max_position_embeddings
-    if max_model_len > config.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len={max_model_len} exceeds the model's max_position_embeddings="
-            f"{config.max_position_embeddings}"
-        )
+            checkpoint_path(engine.model), backend_cls, dtype=dtype, device=device,
+            backend_options=options,
+        )  # fmt: skip
     return ModelSource(
         model, tokenizer, backend_cls, config.vocab_size, max_model_len, config.eos_token_ids
     )
+
+
+def checkpoint_path(model: str) -> Path:
+    return Path(os.path.expanduser(model))
+
+
+def model_config(model: str) -> ModelConfig:
+    """The config of a preset or of a Hugging Face checkpoint directory."""
+    if model in PRESETS:
+        return get_preset(model)
+    path = checkpoint_path(model)
+    if path.is_dir():
+        return config_from_hf(read_hf_config(path), name=path.name)
+    raise ValueError(
+        f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
+        "checkpoint directory; see `unified-attn models`"
+    )
+
+
+def resolve_max_model_len(requested: Any, config: ModelConfig) -> int:
+    """`requested`, checked against the model, or the model's max_position_embeddings."""
+    limit = config.max_position_embeddings
+    if requested is None:
+        return limit
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested <= 0:
+        raise ValueError(
+            f"max_model_len must be a positive int, got {requested!r}; leave it unset for the "
+            f"model's max_position_embeddings={limit}"
+        )
+    if requested > limit:
+        raise ValueError(
+            f"max_model_len={requested} exceeds the model's max_position_embeddings={limit}; "
+            f"give at most {limit}"
+        )
+    return requested
+
+
+# ---- backends: one naming everywhere --------------------------------------------------------
+
+
+def resolve_engine_backend(backend: Any) -> type[AttentionBackend] | None:
+    """None (select automatically), a name, `module:Class`, or a class (a four-class backend
+    is wrapped in `LegacyBackendAdapter`). Unknown names raise `ValueError` listing all."""
+    if backend is None:
+        return None
+    if isinstance(backend, str):
+        return resolve_backend_name(backend)
+    if isinstance(backend, type) and issubclass(backend, LegacyAttentionBackend):
+        return LegacyBackendAdapter.wrap(backend)
+    if isinstance(backend, type) and issubclass(backend, AttentionBackend):
+        return backend
+    raise ValueError(
+        f"backend {backend!r} is neither a name, module:Class, an AttentionBackend nor a "
+        "LegacyAttentionBackend subclass"
+    )
+
+
+def resolve_backend_name(name: str) -> type[AttentionBackend]:
+    """A registered name, a legacy port's name or `module:Class` (legacy classes wrapped)."""
+    if ":" not in name and name not in backend_classes():
+        raise ValueError(
+            f"unknown attention backend {name!r}; use one of {', '.join(backend_classes())} "
+            "(see `unified-attn backends`) or module:Class"
+        )
+    return resolve_any_backend(name)
+
+
+def select_engine_backend(
+    cfgs: list[SelectorConfig], backend: Any = None
+) -> type[AttentionBackend]:
+    """The requested backend, validated for every config (never replaced), else the
+    selector's choice. A registered class goes through `select_backend` by its name; others
+    (legacy ports, classes imported by path) through the same `backend_reasons`."""
+    cls = resolve_engine_backend(backend)
+    if cls is None:
+        return select_backend(cfgs)
+    if registered_backends().get(cls.name) is cls:
+        return select_backend(cfgs, override=cls.name)
+    reasons = list(dict.fromkeys(r for c in cfgs for r in backend_reasons(cls, c)))
+    if reasons:
+        raise ValueError(
+            f"attention backend {cls.name!r} cannot serve this model: {'; '.join(reasons)}. "
+            f"Valid backends: {', '.join(backend_classes())}"
+        )
+    return cls
+
+
+def backend_classes() -> dict[str, type[AttentionBackend]]:
+    """Every backend a bare name selects: the registered ones by name, then the legacy ports."""
+    ports = importlib.import_module("unified_attn.legacy_adapter.ports")
+    adapters = [getattr(ports, n) for n in ports.__all__ if n.endswith("Adapter")]
+    registered = dict(sorted(registered_backends().items()))
+    return registered | {cls.name: cls for cls in adapters}
+
+
+def backend_priorities(name: str) -> dict[str, int]:
+    """The device priorities `name` registered with (empty: chosen only by name)."""
+    # selector has no public accessor for the priorities yet; read its registry.
+    entry = _REGISTRY.get(name)
+    return dict(entry[1]) if entry is not None else {}
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_selector_config(cls: type[AttentionBackend], device: str) -> SelectorConfig:
+    """What `unified-attn run` asks of a backend by default: the default model's head size,
+    the device's default dtype, the backend's first layer kind."""
+    return SelectorConfig(
+        head_size=get_preset(DEFAULT_MODEL).head_size,
+        dtype=default_dtype(torch.device(device)),
+        device=device,
+        use_batch_invariant=False,
+        layer_kind=cls.layer_kinds[0],
+    )
+
+
+def describe_backends(device: str | None = None) -> list[dict[str, Any]]:
+    """Per backend: its class, capabilities, and whether it can serve the default
+    configuration on `device` (default: cuda when visible, else cpu), with the reasons."""
+    device = device or default_device()
+    rows = []
+    for name, cls in backend_classes().items():
+        cfg = default_selector_config(cls, device)
+        rows.append({
+            "name": name,
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "priority": backend_priorities(name),
+            "batch_invariant": cls.supports_batch_invariance(),
+            "cuda_graphs": cls.supports_cuda_graphs(),
+            "layer_kinds": list(cls.layer_kinds),
+            "device": device,
+            "dtype": str(cfg.dtype).removeprefix("torch."),
+            "head_size": cfg.head_size,
+            "reasons": backend_reasons(cls, cfg),
+            "automatic": automatic_choice(cfg) is cls,
+        })  # fmt: skip
+    return rows
+
+
+def automatic_choice(cfg: SelectorConfig) -> type[AttentionBackend] | None:
+    try:
+        return select_backend(cfg)
+    except ValueError:
+        return None
+
+
+# ---- models -----------------------------------------------------------------------------------
+
+
+def describe_layer_kinds(config: ModelConfig) -> str:
+    """`full x2, sliding 32 x2`: each distinct layer kind with its count, in order."""
+    counts: dict[str, int] = {}
+    for kind in config.layer_kinds:
+        label = layer_kind_label(kind)
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{label} x{n}" for label, n in counts.items())
+
+
+def layer_kind_label(kind: LayerKind) -> str:
+    label = kind.kind.replace("_", " ")
+    if kind.window is not None:
+        label += f" {kind.window}"
+    if kind.chunk is not None:
+        label += f" {kind.chunk}"
+    if kind.sink_tokens:
+        label += f" + {kind.sink_tokens} sink tokens"
+    if kind.has_sinks:
+        label += " (learned sinks)"
+    return label
+
+
+def describe_model(config: ModelConfig) -> dict[str, Any]:
+    return {
+        "name": config.name,
+        "layers": config.num_layers,
+        "layer_kinds": describe_layer_kinds(config),
+        "heads": f"{config.num_heads} / {config.num_kv_heads} KV x {config.head_size}",
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+
+
+def describe_models() -> dict[str, Any]:
+    """The presets (with their layer kinds) and the Hugging Face architectures a checkpoint
+    directory may have."""
+    return {
+        "presets": [describe_model(config) for config in PRESETS.values()],
+        "architectures": list(ARCHITECTURES),
+    }

@@ -16,6 +16,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
 from unified_attn.managers import KVCacheGroup, KVCacheManager, SchedulerKVCacheConfig
+from unified_attn.runner.memory import format_memory, host_memory_bytes
 from unified_attn.tensor_specs import KVCacheTensorSpec
 from unified_attn.utils import cdiv
 
@@ -210,7 +211,10 @@ class Worker:
         self.num_blocks = 0
 
     def available_memory(self) -> int:
+        """The KV budget: `kv_cache_memory` (checked against what the device has), else on
+        CUDA `gpu_memory_utilization` of the free memory."""
         if self.kv_cache_memory is not None:
+            self.check_budget_fits_device(self.kv_cache_memory)
             return self.kv_cache_memory
         if self.device.type != "cuda":
             raise ValueError(
@@ -219,6 +223,24 @@ class Worker:
             )
         free, _total = torch.cuda.mem_get_info(self.device)
         return int(free * self.gpu_memory_utilization)
+
+    def check_budget_fits_device(self, budget: int) -> None:
+        """Refuse a budget that is not positive or exceeds the device's memory (CUDA: its
+        total memory; CPU: the host's physical memory)."""
+        if budget <= 0:
+            raise ValueError(
+                f"kv_cache_memory must be a positive number of bytes, got {budget}; "
+                "give e.g. 256MiB"
+            )
+        where, capacity = "this machine's RAM", host_memory_bytes()
+        if self.device.type == "cuda":
+            where, capacity = f"device '{self.device}'", torch.cuda.mem_get_info(self.device)[1]
+        if capacity is not None and budget > capacity:
+            raise ValueError(
+                f"kv_cache_memory={format_memory(budget)} is more than {where} has "
+                f"({format_memory(capacity)} in total); give the KV cache at most "
+                f"{format_memory(capacity)}"
+            )
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit the KV budget; checks that one `max_model_len` request fits."""

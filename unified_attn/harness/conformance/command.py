@@ -7,24 +7,29 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.harness.conformance.prepare import prepare_cli
+from unified_attn.harness.conformance.prepare import positive_int, prepare_cli
 from unified_attn.harness.conformance.report import print_report
 from unified_attn.harness.conformance.run import run_conformance
+from unified_attn.runner.model_source import resolve_backend_name
 
 
 def add_parser(commands: Any) -> None:
     check = commands.add_parser("check", help="run a backend through the conformance suite")
-    check.add_argument("backend", help="backend NAME or module:Class (legacy classes are wrapped)")
-    check.add_argument("--device", default="cpu")
-    check.add_argument("--seed", type=int, default=0)
-    check.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    check.add_argument(
+        "backend",
+        help="registered name, legacy-reference / legacy-triton, or module:Class of a native or "
+        "a four-class backend (wrapped in LegacyBackendAdapter); see `unified-attn backends`",
+    )
+    check.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    check.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    check.add_argument("--threads", type=positive_int, default=1, help="CPU threads")
     check.add_argument("--json", action="store_true", help="print the report as JSON only")
     check.set_defaults(handler=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    prepare_cli(args.device, args.threads)
-    report = run_conformance(args.backend, args.device, seed=args.seed)
+    prepare_cli(args.device, args.threads)  # refuses a device this machine lacks, first
+    report = run_conformance(resolve_backend_name(args.backend), args.device, seed=args.seed)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.harness.conformance.prepare import prepare_cli
+from unified_attn.harness.conformance.prepare import DTYPES, positive_int, prepare_cli
 from unified_attn.harness.migration.report import print_report
 from unified_attn.harness.migration.run import run_migration
 from unified_attn.harness.migration.workload import SMALL_WORKLOAD
@@ -17,15 +17,23 @@ def add_parser(commands: Any) -> None:
     migrate = commands.add_parser(
         "migrate", help="compare a legacy backend (through the adapter) with a native one"
     )
-    migrate.add_argument("--legacy", required=True, help="legacy NAME or module:Class")
-    migrate.add_argument("--native", required=True, help="native NAME or module:Class")
-    migrate.add_argument("--model", default="tiny-hybrid", help="preset name or checkpoint path")
-    migrate.add_argument("--device", default="cpu")
-    migrate.add_argument("--dtype", default="float32")
-    migrate.add_argument("--atol", type=float, default=None, help="default: 1e-4 for float32")
-    migrate.add_argument("--seed", type=int, default=0)
+    migrate.add_argument(
+        "--legacy", required=True, help="legacy NAME (x means legacy-x) or module:Class"
+    )
+    migrate.add_argument(
+        "--native", required=True, help="NAME or module:Class (see `unified-attn backends`)"
+    )
+    migrate.add_argument(
+        "--model", default="tiny-hybrid", help="preset or checkpoint (see `unified-attn models`)"
+    )
+    migrate.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    migrate.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype")
+    migrate.add_argument(
+        "--atol", type=float, default=None, help="logit tolerance (default: 1e-4 for float32)"
+    )
+    migrate.add_argument("--seed", type=int, default=0, help="seed of weights and workload")
     migrate.add_argument("--small", action="store_true", help="a 3-request workload")
-    migrate.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    migrate.add_argument("--threads", type=positive_int, default=1, help="CPU threads")
     migrate.add_argument("--json", action="store_true", help="print the report as JSON only")
     migrate.set_defaults(handler=main)
 
