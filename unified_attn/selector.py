@@ -95,18 +95,20 @@ def backend_reasons(cls: type[AttentionBackend], cfg: SelectorConfig) -> list[st
 
 
 def select_backend(
-    cfg: SelectorConfig | list[SelectorConfig], override: str | None = None
+    cfg: SelectorConfig | list[SelectorConfig],
+    override: str | type[AttentionBackend] | None = None,
 ) -> type[AttentionBackend]:
-    """The backend for one attention kind, or one backend valid for every kind of a model."""
+    """The backend for one attention kind, or one backend valid for every kind of a model.
+    `override` (a name, `module:Class` or a class) is validated and never silently replaced."""
     cfgs = cfg if isinstance(cfg, list) else [cfg]
     if not cfgs:
         raise ValueError("select_backend needs at least one SelectorConfig")
     if override is not None:
-        cls = resolve_backend(override)
+        cls = override if isinstance(override, type) else resolve_backend(override)
         reasons = [r for c in cfgs for r in backend_reasons(cls, c)]
         if reasons:
             raise ValueError(
-                f"attention backend {override!r} cannot serve this model: "
+                f"attention backend {cls.name!r} cannot serve this model: "
                 + "; ".join(dict.fromkeys(reasons))
                 + f". Valid backends: {sorted(registered_backends())}"
             )
@@ -131,6 +133,11 @@ def select_backend(
             + "\nChange the model dtype, head size or device, or register a backend."
         )
     return max(candidates, key=lambda c: c[0])[2]
+
+
+def backend_priorities() -> dict[str, dict[str, int]]:
+    """Registered name -> its priority per device type (copies)."""
+    return {name: dict(priorities) for name, (_, priorities) in _registry_snapshot().items()}
 
 
 def _registry_snapshot() -> dict[str, tuple[type[AttentionBackend], dict[str, int]]]:

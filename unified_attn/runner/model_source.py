@@ -34,8 +34,8 @@ from unified_attn.models import (
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
 from unified_attn.models.hf_config import ARCHITECTURES
 from unified_attn.selector import (
-    _REGISTRY,
     SelectorConfig,
+    backend_priorities,
     backend_reasons,
     batch_invariant_from_env,
     registered_backends,
@@ -177,20 +177,9 @@ def select_engine_backend(
     cfgs: list[SelectorConfig], backend: Any = None
 ) -> type[AttentionBackend]:
     """The requested backend, validated for every config (never replaced), else the
-    selector's choice. A registered class goes through `select_backend` by its name; others
-    (legacy ports, classes imported by path) through the same `backend_reasons`."""
+    selector's choice."""
     cls = resolve_engine_backend(backend)
-    if cls is None:
-        return select_backend(cfgs)
-    if registered_backends().get(cls.name) is cls:
-        return select_backend(cfgs, override=cls.name)
-    reasons = list(dict.fromkeys(r for c in cfgs for r in backend_reasons(cls, c)))
-    if reasons:
-        raise ValueError(
-            f"attention backend {cls.name!r} cannot serve this model: {'; '.join(reasons)}. "
-            f"Valid backends: {', '.join(backend_classes())}"
-        )
-    return cls
+    return select_backend(cfgs) if cls is None else select_backend(cfgs, override=cls)
 
 
 def backend_classes() -> dict[str, type[AttentionBackend]]:
@@ -199,13 +188,6 @@ def backend_classes() -> dict[str, type[AttentionBackend]]:
     adapters = [getattr(ports, n) for n in ports.__all__ if n.endswith("Adapter")]
     registered = dict(sorted(registered_backends().items()))
     return registered | {cls.name: cls for cls in adapters}
-
-
-def backend_priorities(name: str) -> dict[str, int]:
-    """The device priorities `name` registered with (empty: chosen only by name)."""
-    # selector has no public accessor for the priorities yet; read its registry.
-    entry = _REGISTRY.get(name)
-    return dict(entry[1]) if entry is not None else {}
 
 
 def default_device() -> str:
@@ -234,7 +216,7 @@ def describe_backends(device: str | None = None) -> list[dict[str, Any]]:
         rows.append({
             "name": name,
             "class": f"{cls.__module__}:{cls.__qualname__}",
-            "priority": backend_priorities(name),
+            "priority": backend_priorities().get(name, {}),
             "batch_invariant": cls.supports_batch_invariance(),
             "cuda_graphs": cls.supports_cuda_graphs(),
             "layer_kinds": list(cls.layer_kinds),

@@ -7,12 +7,10 @@ prefill), staggered admission (mixed prefill/decode steps) and a KV cache one re
 tokens are compared. The report adds lines of code per backend and host time per step.
 
 Modules: `workload` (the workload and engine settings), `engine_run` (one engine through it),
-`backend_name` (classes to engine backend names), `compare` (outputs per token index),
-`code_size` (lines of code), `timing` (host time per decode step), `run` (`run_migration`),
+`compare` (outputs per token index), `code_size` (lines of code), `timing` (host time per decode step), `run` (`run_migration`),
 `report` (`print_report`) and `command` (`unified-attn migrate`).
 """
 
-from unified_attn.harness.migration.backend_name import engine_backend_name
 from unified_attn.harness.migration.code_size import source_lines
 from unified_attn.harness.migration.compare import compare_outputs
 from unified_attn.harness.migration.report import print_report
@@ -26,7 +24,6 @@ __all__ = [
     "compare_outputs",
     "decode_budget",
     "decode_engine",
-    "engine_backend_name",
     "print_report",
     "run_migration",
     "source_lines",

@@ -8,7 +8,6 @@ from typing import Any
 
 import attrs
 
-from unified_attn.harness.migration.backend_name import engine_backend_name
 from unified_attn.harness.migration.code_size import lines_of_code, source_lines
 from unified_attn.harness.migration.compare import DEFAULT_ATOL, compare_outputs, step_failure
 from unified_attn.harness.migration.engine_run import REQUIRED_COVERAGE, coverage, run_workload
@@ -16,6 +15,7 @@ from unified_attn.harness.migration.timing import host_time
 from unified_attn.harness.migration.workload import Workload, engine_kwargs, kv_budget
 from unified_attn.legacy_adapter import LegacyBackendAdapter, resolve_any_backend
 from unified_attn.runner.engine import LLMEngine
+from unified_attn.runner.model_source import resolve_engine_backend
 
 
 def run_migration(
@@ -34,16 +34,15 @@ def run_migration(
     workload = workload or Workload()
     classes = {
         "legacy": resolve_any_backend(legacy, legacy=True),
-        "native": resolve_any_backend(native),
+        "native": resolve_engine_backend(native),
     }
-    names = {side: engine_backend_name(cls) for side, cls in classes.items()}
     kwargs = engine_kwargs(workload, device, dtype, seed)
-    probe = LLMEngine(model, backend=names["native"], **kwargs)
+    probe = LLMEngine(model, backend=classes["native"], **kwargs)
     kwargs["kv_cache_memory"] = kv_budget(probe, workload.spare_blocks)
     prompts = workload.prompts(probe.vocab_size)
     runs = {
-        side: run_workload(LLMEngine(model, backend=name, **kwargs), prompts, workload.max_tokens)
-        for side, name in names.items()
+        side: run_workload(LLMEngine(model, backend=cls, **kwargs), prompts, workload.max_tokens)
+        for side, cls in classes.items()
     }
     tol = atol if atol is not None else DEFAULT_ATOL[probe.model.dtype]
     steps = compare_outputs(runs["legacy"].outputs, runs["native"].outputs, tol)
@@ -71,7 +70,7 @@ def run_migration(
         "engine_step_ms": {side: statistics.median(run.step_ms) for side, run in runs.items()},
     }
     if measure_host_time:
-        report["host_time"] = host_time(names, model, probe)
+        report["host_time"] = host_time(classes, model, probe)
     return report
 
 

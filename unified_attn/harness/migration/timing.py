@@ -10,13 +10,18 @@ from typing import Any
 
 import torch
 
+from unified_attn.backend import AttentionBackend
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.utils import cdiv
 
 
 def decode_engine(
-    backend: str, model: str, num_requests: int, context: int, **kwargs: Any
+    backend: str | type[AttentionBackend],
+    model: str,
+    num_requests: int,
+    context: int,
+    **kwargs: Any,
 ) -> LLMEngine:
     """An engine whose `num_requests` requests are all past prefill, without running the model:
     only the scheduler and the runner's host side are driven. Give it `kv_cache_memory` for
@@ -81,7 +86,10 @@ def time_prep_forward(
 
 
 def host_time(
-    names: dict[str, str], model: str, probe: LLMEngine, num_requests: int = 64
+    backends: dict[str, type[AttentionBackend]],
+    model: str,
+    probe: LLMEngine,
+    num_requests: int = 64,
 ) -> dict[str, Any]:
     context, steps = 128, 20
     kwargs = {
@@ -91,8 +99,8 @@ def host_time(
         "kv_cache_memory": decode_budget(probe, num_requests, context + steps + 4),
     }
     engines = {
-        side: decode_engine(name, model, num_requests, context, **kwargs)
-        for side, name in names.items()
+        side: decode_engine(cls, model, num_requests, context, **kwargs)
+        for side, cls in backends.items()
     }
     medians = {
         side: {key: statistics.median(values) for key, values in times.items()}
