@@ -15,7 +15,7 @@ from unified_attn.harness.migration.timing import host_time
 from unified_attn.harness.migration.workload import Workload, engine_kwargs, kv_budget
 from unified_attn.legacy_adapter import LegacyBackendAdapter, resolve_any_backend
 from unified_attn.runner.engine import LLMEngine
-from unified_attn.runner.model_source import resolve_engine_backend
+from unified_attn.runner.model_source import resolve_backend_name
 
 
 def run_migration(
@@ -34,7 +34,7 @@ def run_migration(
     workload = workload or Workload()
     classes = {
         "legacy": resolve_any_backend(legacy, legacy=True),
-        "native": resolve_engine_backend(native),
+        "native": resolve_backend_name(native),
     }
     kwargs = engine_kwargs(workload, device, dtype, seed)
     probe = LLMEngine(model, backend=classes["native"], **kwargs)
