@@ -72,6 +72,16 @@ def test_invalid_rope_scaling():
         (dict(attn_logit_softcap=0.0), "attn_logit_softcap must be a positive number"),
         (dict(final_logit_softcap=-1.0), "final_logit_softcap must be a positive number"),
         (dict(query_pre_attn_scalar=0), "query_pre_attn_scalar must be a positive number"),
+        (dict(dense_mlp_layers=(0,)), "only mlp_kind='moe' has dense layers"),
+        (
+            dict(mlp_kind="moe", moe=MoEConfig(num_experts=4, top_k=2), dense_mlp_layers=[2]),
+            r"dense_mlp_layers \[2\] are outside the layers \[0, 2\)",
+        ),
+        (
+            dict(local_rope_scaling=RopeScaling(rope_type="linear", factor=2.0)),
+            "local_rope_scaling without local_rope_theta",
+        ),
+        (dict(local_rope_theta=0.0), "local_rope_theta must be a positive number"),
     ],
 )
 def test_invalid_family_features(overrides, match):
@@ -82,6 +92,20 @@ def test_invalid_family_features(overrides, match):
 def test_invalid_moe_config():
     with pytest.raises(ValueError, match="top_k=5 exceeds num_experts=4"):
         MoEConfig(num_experts=4, top_k=5)
+    with pytest.raises(ValueError, match="expert_kind must be one of"):
+        MoEConfig(num_experts=4, top_k=2, expert_kind="relu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="router_softmax must be one of"):
+        MoEConfig(num_experts=4, top_k=2, router_softmax="sigmoid")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="intermediate_size must be a positive int"):
+        MoEConfig(num_experts=4, top_k=2, intermediate_size=0)
+
+
+def test_local_rope_applies_to_window_and_chunk_layers_only():
+    cfg = ModelConfig(**BASE, local_rope_theta=500.0)
+    assert cfg.rope_of(LayerKind.sliding(8)) == (500.0, None)
+    assert cfg.rope_of(LayerKind.chunked(8)) == (500.0, None)
+    assert cfg.rope_of(LayerKind.full()) == (10000.0, None)
+    assert ModelConfig(**BASE).rope_of(LayerKind.sliding(8)) == (10000.0, None)
 
 
 def test_attention_scale_and_sinks_flag():

@@ -123,63 +123,7 @@ def test_checkpoint_with_tokenizer_files(tmp_path):
     assert tokenizer is not None and tokenizer.encode("hello") == [3]
 
 
-# ---- errors -------------------------------------------------------------------------------------
-
-
 def edit_config(path, **changes):
     config = json.loads((path / "config.json").read_text())
     config.update(changes)
     (path / "config.json").write_text(json.dumps(config))
-
-
-@pytest.fixture
-def llama_path(tmp_path):
-    return save_hf_model(make_hf_model("llama", num_hidden_layers=1), tmp_path)
-
-
-def test_unsupported_architecture_names_it_and_the_supported(llama_path):
-    edit_config(llama_path, architectures=["GPT2LMHeadModel"])
-    with pytest.raises(ValueError, match=r"'GPT2LMHeadModel' is not supported.*LlamaForCausalLM"):
-        load_hf_model(llama_path, ReferenceAttentionBackend)
-
-
-def test_unsupported_rope_type(llama_path):
-    edit_config(
-        llama_path, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
-    )
-    with pytest.raises(ValueError, match="RoPE type 'dynamic'"):
-        load_hf_model(llama_path, ReferenceAttentionBackend)
-
-
-def test_missing_weight_is_named(llama_path):
-    from safetensors.torch import load_file, save_file
-
-    file = llama_path / "model.safetensors"
-    state = load_file(file)
-    del state["model.layers.0.mlp.up_proj.weight"]
-    save_file(state, file, metadata={"format": "pt"})
-    with pytest.raises(ValueError, match=r"missing \['model.layers.0.mlp.up_proj.weight'\]"):
-        load_hf_model(llama_path, ReferenceAttentionBackend)
-
-
-def test_untied_config_without_lm_head_is_missing_weight(llama_path):
-    edit_config(llama_path, num_hidden_layers=2)
-    with pytest.raises(ValueError, match=r"missing \['model.layers.1.*and \d+ more"):
-        load_hf_model(llama_path, ReferenceAttentionBackend)
-
-
-def test_shape_mismatch_is_named(llama_path):
-    edit_config(llama_path, intermediate_size=100)
-    with pytest.raises(ValueError, match=r"mlp.down_proj.weight .* shape"):
-        load_hf_model(llama_path, ReferenceAttentionBackend)
-
-
-def test_no_safetensors_file(llama_path):
-    (llama_path / "model.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=r"neither model.safetensors nor"):
-        load_hf_model(llama_path, ReferenceAttentionBackend)
-
-
-def test_no_config_json(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no config.json"):
-        load_hf_model(tmp_path, ReferenceAttentionBackend)

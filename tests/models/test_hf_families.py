@@ -1,61 +1,35 @@
-"""Gemma 2 and GPT-OSS checkpoints against transformers: prompt logits, greedy tokens, config
-translation, and that each family feature is live (dropping it changes the logits)."""
+"""Family checkpoints (Gemma 2, GPT-OSS, Qwen 3, Phi-3, Gemma 3, Mixtral, Qwen2-MoE) against
+transformers: prompt logits, greedy tokens, config translation, and that each family feature is
+live (dropping it changes the logits)."""
 
+import json
 import shutil
 
+import attrs
 import pytest
 import torch
 
-from tests.models.hf_models import hf_greedy, hf_logits, make_hf_model, save_hf_model
+from tests.models.hf_models import (
+    FAMILIES,
+    GEMMA3_ROPE,
+    YARN,
+    hf_logits,
+    make_family_model,
+    save_hf_model,
+)
 from tests.models.prefill import greedy_decode, prefill_logits
 from tests.models.test_hf import edit_config, prompts
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.models import LayerKind, MoEConfig, RopeScaling, load_hf_model
 from unified_attn.models.hf_config import config_from_hf
 
-YARN = {
-    "rope_type": "yarn",
-    "rope_theta": 150000.0,
-    "factor": 4.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "truncate": False,
-    "original_max_position_embeddings": 64,
-}
-GEMMA2 = dict(
-    num_hidden_layers=3,
-    head_dim=16,
-    sliding_window=8,
-    query_pre_attn_scalar=24,
-    attn_logit_softcapping=5.0,
-    final_logit_softcapping=3.0,
-)
-GPT_OSS = dict(
-    num_hidden_layers=3,
-    head_dim=16,
-    sliding_window=8,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    rope_parameters=YARN,
-)
-# Larger than hf_models' 0.1 noise where it makes a feature bite: sinks that take real mass,
-# expert projections whose gate/up values reach the SwiGLU clamp (7.0).
-GPT_OSS_SCALES = {"self_attn.sinks": 10.0, "mlp.experts.gate_up_proj": 6.0}
-CASES = {
-    "gemma2": ("gemma2", GEMMA2, {}),
-    "gpt-oss": ("gpt_oss", GPT_OSS, GPT_OSS_SCALES),
-}
-
-
-def make_family_model(name: str, seed: int = 0):
-    model_type, overrides, scales = CASES[name]
-    hf = make_hf_model(model_type, seed=seed, **overrides)
-    with torch.no_grad():
-        for param_name, param in hf.named_parameters():
-            for suffix, scale in scales.items():
-                if param_name.endswith(suffix):
-                    param.mul_(scale)
-    return hf
+# Every family of hf_models.FAMILIES: Gemma 2, GPT-OSS, Qwen 3, Phi-3 (with and without a window),
+# Gemma 3, Mixtral, Qwen2-MoE.
+CASES = sorted(FAMILIES)
+# Families whose prompt logits are also checked through the Triton kernel: all of them on a GPU;
+# on CPU (the kernel's slow interpreter) the ones with kernel features of their own, soft caps
+# and sinks.
+TRITON_CASES = CASES if torch.cuda.is_available() else ["gemma2", "gpt-oss"]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +47,7 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-@pytest.fixture(params=sorted(CASES))
+@pytest.fixture(params=CASES)
 def checkpoint(request, checkpoints):
     return checkpoints(request.param)
 
@@ -96,10 +70,13 @@ def test_prompt_logits_match_transformers(checkpoint):
 
 
 def test_greedy_tokens_match_transformers(checkpoint):
+    # Identical greedy tokens: each of ours is transformers' argmax after the ones before it
+    # (one transformers forward over prompt + our tokens, instead of a recompute per token).
     _, hf, ours, _ = checkpoint
     batch = prompts([21, 4, 12], seed=1)
-    got = greedy_decode(ours, batch, num_tokens=12)
-    assert got == [hf_greedy(hf, prompt, 12) for prompt in batch]
+    for prompt, tokens in zip(batch, greedy_decode(ours, batch, num_tokens=16), strict=True):
+        expected = hf_logits(hf, prompt + tokens)[len(prompt) - 1 : -1].argmax(-1)
+        assert tokens == expected.tolist()
 
 
 def test_gemma2_config_translates(gemma2):
@@ -122,6 +99,118 @@ def test_gpt_oss_config_translates(gpt_oss):
         rope_type="yarn", factor=4.0, original_max_position_embeddings=64, truncate=False
     )
     assert cfg.rope_theta == 150000.0 and cfg.attention_scale == 16**-0.5
+
+
+def test_qwen3_config_translates(checkpoints):
+    cfg = checkpoints("qwen3")[2].config
+    assert cfg.layer_kinds == (LayerKind.full(), LayerKind.sliding(8))
+    assert cfg.qk_norm and cfg.norm_style == "llama" and not cfg.attention_bias
+
+
+@pytest.mark.parametrize("name", ["phi3", "phi3-sliding"])
+def test_phi3_config_translates(checkpoints, name):
+    cfg = checkpoints(name)[2].config
+    kind = LayerKind.sliding(8) if name == "phi3-sliding" else LayerKind.full()
+    assert cfg.layer_kinds == (kind, kind)
+    assert cfg.fused_qkv and cfg.fused_gate_up and not cfg.qk_norm
+
+
+def test_gemma3_config_translates(checkpoints):
+    cfg = checkpoints("gemma3")[2].config
+    assert cfg.layer_kinds == (LayerKind.sliding(8), LayerKind.full())
+    assert (cfg.mlp_kind, cfg.norm_style, cfg.post_norms, cfg.qk_norm) == (
+        "geglu",
+        "gemma",
+        True,
+        True,
+    )
+    assert cfg.attention_scale == 24**-0.5 and cfg.embed_scale == 8.0
+    assert cfg.rope_theta == 1e6 and cfg.rope_scaling == RopeScaling(rope_type="linear", factor=4)
+    assert cfg.local_rope_theta == 1e4 and cfg.local_rope_scaling is None
+    assert cfg.rope_of(LayerKind.sliding(8)) == (1e4, None)
+    assert cfg.tie_word_embeddings and cfg.attn_logit_softcap is None
+
+
+def test_mixtral_config_translates(checkpoints):
+    cfg = checkpoints("mixtral")[2].config
+    assert cfg.moe == MoEConfig(
+        num_experts=4, top_k=2, expert_kind="swiglu", router_softmax="all", norm_topk_prob=True
+    )
+    assert cfg.layer_kinds == (LayerKind.full(),) * 2 and cfg.dense_mlp_layers == ()
+
+
+def test_qwen2_moe_config_translates(checkpoints):
+    cfg = checkpoints("qwen2-moe")[2].config
+    assert cfg.moe == MoEConfig(
+        num_experts=4,
+        top_k=2,
+        expert_kind="swiglu",
+        router_softmax="all",
+        norm_topk_prob=False,
+        routing_weights_dtype="model",
+        intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    )
+    assert cfg.dense_mlp_layers == (1,) and cfg.attention_bias and not cfg.attention_output_bias
+
+
+def test_mixtral_expert_weights_load_under_their_checkpoint_names(checkpoints):
+    # Mixtral checkpoints name the experts block_sparse_moe.experts.{e}.w1/w3/w2.
+    _, _, ours, path = checkpoints("mixtral")
+    from safetensors.torch import load_file
+
+    saved = load_file(path / "model.safetensors")
+    ours_state = ours.state_dict()
+    for saved_name, ours_name in [
+        ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
+        ("block_sparse_moe.experts.3.w1.weight", "mlp.experts.3.gate_proj.weight"),
+        ("block_sparse_moe.experts.3.w3.weight", "mlp.experts.3.up_proj.weight"),
+        ("block_sparse_moe.experts.3.w2.weight", "mlp.experts.3.down_proj.weight"),
+    ]:
+        prefix = "model.layers.1."
+        assert torch.equal(saved[prefix + saved_name], ours_state[prefix + ours_name])
+
+
+# Config variants beyond the families' own (one transformers model each, prompt logits only).
+VARIANTS = {
+    "qwen2-moe-norm-topk": ("qwen2-moe", dict(norm_topk_prob=True)),
+    # decoder_sparse_step=2: layer 0 dense, layer 1 sparse
+    "qwen2-moe-sparse-step": ("qwen2-moe", dict(decoder_sparse_step=2, mlp_only_layers=[])),
+    "qwen3-bias": ("qwen3", dict(attention_bias=True, use_sliding_window=False)),
+    "mixtral-sliding": ("mixtral", dict(sliding_window=8)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_prompt_logits_match_transformers(variant, tmp_path):
+    family, overrides = VARIANTS[variant]
+    hf = make_family_model(family, **overrides)
+    ours, _ = load_hf_model(save_hf_model(hf, tmp_path), ReferenceAttentionBackend)
+    batch = prompts([23, 5, 20])
+    for prompt, logits in zip(batch, prefill_logits(ours, batch), strict=True):
+        assert (logits - hf_logits(hf, prompt)).abs().max() < 1e-4
+
+
+def test_gemma3_4x_config_matches_transformers(checkpoints, tmp_path):
+    # transformers 4.x wrote Gemma 3's RoPE as rope_theta (global), rope_scaling (global) and
+    # rope_local_base_freq, and the layer pattern as sliding_window_pattern.
+    _, hf, _, path = checkpoints("gemma3")
+    edited = shutil.copytree(path, tmp_path / "gemma3-4x")
+    config = json.loads((edited / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types", "_sliding_window_pattern"):
+        config.pop(key, None)
+    config.update(
+        rope_theta=1_000_000.0,
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+        rope_local_base_freq=10000.0,
+        sliding_window_pattern=2,
+    )
+    (edited / "config.json").write_text(json.dumps(config))
+    ours, _ = load_hf_model(edited, ReferenceAttentionBackend)
+    original = checkpoints("gemma3")[2].config
+    assert attrs.evolve(ours.config, name=original.name) == original
+    prompt = prompts([20])[0]
+    assert (prefill_logits(ours, [prompt])[0] - hf_logits(hf, prompt)).abs().max() < 1e-4
 
 
 # The shape of openai/gpt-oss-20b's config.json (transformers 4.55: `rope_scaling` beside a
@@ -206,6 +295,23 @@ FEATURE_EDITS = {
         dict(rope_parameters={**YARN, "truncate": True}),
         dict(rope_parameters={**YARN, "factor": 2.0}),
     ],
+    "qwen3": [dict(sliding_window=9), dict(use_sliding_window=False)],
+    "phi3": [dict(rope_parameters={"rope_type": "default", "rope_theta": 5000.0})],
+    "phi3-sliding": [dict(sliding_window=9), dict(sliding_window=None)],
+    "gemma3": [
+        dict(sliding_window=9),
+        dict(query_pre_attn_scalar=16),
+        # the local and the global RoPE each matter
+        dict(rope_parameters={**GEMMA3_ROPE, "sliding_attention": {"rope_theta": 20000.0}}),
+        dict(
+            rope_parameters={
+                **GEMMA3_ROPE,
+                "full_attention": {**GEMMA3_ROPE["full_attention"], "factor": 2.0},
+            }
+        ),
+    ],
+    "mixtral": [dict(num_experts_per_tok=1), dict(num_experts_per_tok=3)],
+    "qwen2-moe": [dict(norm_topk_prob=True), dict(num_experts_per_tok=3)],
 }
 
 
@@ -230,12 +336,13 @@ def test_sinks_without_mass_change_the_logits(gpt_oss):
     assert (prefill_logits(ours, [prompt])[0] - hf_logits(hf, prompt)).abs().max() > 1e-3
 
 
-def test_prompt_logits_match_transformers_through_triton(checkpoint):
+@pytest.mark.parametrize("name", TRITON_CASES)
+def test_prompt_logits_match_transformers_through_triton(checkpoints, name):
     # Sinks and the attention soft cap reach the Triton kernel too (its interpreter on CPU).
     pytest.importorskip("triton")
     from unified_attn.backends.triton.backend import TritonAttentionBackend
 
-    _, hf, _, path = checkpoint
+    _, hf, _, path = checkpoints(name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ours, _ = load_hf_model(path, TritonAttentionBackend, device=device)
     batch = prompts([23, 5, 31])

@@ -1,5 +1,7 @@
-"""RoPE (default, llama3, linear, YaRN) against transformers' rotary embeddings."""
+"""RoPE (default, llama3, linear, YaRN; Gemma 3's local and global) against transformers'
+rotary embeddings."""
 
+import attrs
 import pytest
 import torch
 
@@ -131,3 +133,34 @@ def test_yarn_rotary_apply_matches_gpt_oss(dtype):
     )
     assert torch.equal(q_ours, q_hf[0].transpose(0, 1))
     assert torch.equal(k_ours, k_hf[0].transpose(0, 1))
+
+
+def test_gemma3_local_and_global_rope_match_transformers():
+    gemma3 = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+    }
+    config = transformers.Gemma3TextConfig(
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rope_parameters=rope,
+        max_position_embeddings=512,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    theirs = gemma3.Gemma3RotaryEmbedding(config)
+    ours = attrs.evolve(
+        our_config(RopeScaling(rope_type="linear", factor=8.0), theta=1_000_000.0),
+        local_rope_theta=10000.0,
+    )
+    positions = torch.tensor([0, 3, 100, 511])
+    x = torch.zeros(4, 4, 32)
+    for local, layer_type in [(True, "sliding_attention"), (False, "full_attention")]:
+        rotary = RotaryEmbedding(ours, local=local)
+        assert torch.equal(rotary.inv_freq, getattr(theirs, f"{layer_type}_inv_freq"))
+        cos, sin = theirs(x, positions[None], layer_type)
+        assert torch.equal(rotary.cos_sin(positions, torch.float32)[0], cos[0])
+        assert torch.equal(rotary.cos_sin(positions, torch.float32)[1], sin[0])

@@ -1,12 +1,12 @@
 """The engine against transformers on saved checkpoints: prompt logits, sampled-position logits
-and 32 greedy tokens, for mixed prompt lengths, chunked prefill and prefix-cache hits."""
+and 32 greedy tokens, for mixed prompt lengths, chunked prefill, prefix-cache hits and
+preemption, on every supported family."""
 
 import pytest
 import torch
 
-from tests.models.hf_models import hf_logits, make_hf_model, save_hf_model
+from tests.models.hf_models import hf_logits, make_family_model, make_hf_model, save_hf_model
 from tests.models.test_hf import LLAMA3
-from tests.models.test_hf_families import make_family_model
 from unified_attn import LLMEngine, SamplingParams
 
 CASES = {
@@ -15,8 +15,16 @@ CASES = {
     "mistral-window": ("mistral", dict(num_hidden_layers=2, sliding_window=12)),
     "gemma2": ("family", {}),  # window 8, soft caps, Gemma norms
     "gpt-oss": ("family", {}),  # window 8, learned sinks, MoE, YaRN
+    "qwen3": ("family", {}),  # q/k norms, window 8 on layer 1
+    "phi3-sliding": ("family", {}),  # fused projections, window 8 (without: tests/models)
+    "gemma3": ("family", {}),  # local window 8 + global layer, each with its RoPE, q/k norms
+    "mixtral": ("family", {}),  # sparse MoE, top-2 of 4
+    "qwen2-moe": ("family", {}),  # sparse MoE with a shared expert, then a dense layer
 }
 NUM_TOKENS = 32
+# Ample for these tests (a block of the tiny models is a few KiB), and quick to set up: the
+# block pool's host bookkeeping grows with the number of blocks.
+MEMORY = "2MiB"
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
@@ -46,23 +54,38 @@ def check_against_hf(hf, outputs, batch, prompt_logits):
             assert (out.prompt_logits - full[: len(prompt)]).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("budget", [4096, 16], ids=["one-step-prefill", "chunked-prefill"])
-def test_mixed_batch_matches_transformers(checkpoint, budget):
+PARAMS = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, return_logits=True)
+PROMPT_PARAMS = SamplingParams(
+    max_tokens=NUM_TOKENS, ignore_eos=True, prompt_logits=True, return_logits=True
+)
+
+
+def test_one_step_prefill_matches_transformers(checkpoint):
     hf, path = checkpoint
-    engine = LLMEngine(str(path), max_num_batched_tokens=budget, block_size=8)
+    engine = LLMEngine(str(path), max_num_batched_tokens=4096, block_size=8, kv_cache_memory=MEMORY)
     batch = prompts([23, 5, 40, 1, 17])
-    params = SamplingParams(
-        max_tokens=NUM_TOKENS, ignore_eos=True, prompt_logits=True, return_logits=True
-    )
-    check_against_hf(hf, engine.generate(batch, params), batch, prompt_logits=True)
+    check_against_hf(hf, engine.generate(batch, PROMPT_PARAMS), batch, prompt_logits=True)
+
+
+def test_chunked_prefill_and_preemption_match_transformers(checkpoint):
+    # 16-token chunks, and room for one request of max_model_len plus two spare blocks: the
+    # requests take turns, preempted and recomputed (from their cached prefix blocks where the
+    # layers allow it).
+    hf, path = checkpoint
+    options = dict(max_model_len=80, max_num_batched_tokens=16, block_size=8)
+    probe = LLMEngine(str(path), kv_cache_memory=MEMORY, **options)
+    memory = probe.worker.plan.bytes_per_block * (sum(probe.worker.blocks_per_request) + 2)
+    engine = LLMEngine(str(path), kv_cache_memory=memory, **options)
+    batch = prompts([23, 5, 40, 1, 17])
+    check_against_hf(hf, engine.generate(batch, PROMPT_PARAMS), batch, prompt_logits=True)
+    assert engine.scheduler.num_preemptions > 0
 
 
 def test_prefix_cache_hits_match_transformers(checkpoint):
     hf, path = checkpoint
-    engine = LLMEngine(str(path), max_num_batched_tokens=64, block_size=8)
-    params = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, return_logits=True)
+    engine = LLMEngine(str(path), max_num_batched_tokens=64, block_size=8, kv_cache_memory=MEMORY)
     first = prompts([3], seed=1, shared=40)
-    check_against_hf(hf, engine.generate(first, params), first, prompt_logits=False)
+    check_against_hf(hf, engine.generate(first, PARAMS), first, prompt_logits=False)
     batch = prompts([9, 2, 30], seed=1, shared=40)  # the same 40-token prefix
-    check_against_hf(hf, engine.generate(batch, params), batch, prompt_logits=False)
+    check_against_hf(hf, engine.generate(batch, PARAMS), batch, prompt_logits=False)
     assert engine.kv_cache_manager.prefix_cache_stats.hits >= 3 * 40 - 3 * 8

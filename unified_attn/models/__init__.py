@@ -1,9 +1,9 @@
-"""Decoders (Llama, Mistral, Qwen2, Gemma 2, GPT-OSS families) whose layers attend through shared
-backend instances."""
+"""Decoders (Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, GPT-OSS, Mixtral, Qwen2-MoE families)
+whose layers attend through shared backend instances."""
 
 from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
 from unified_attn.models.decoder import DecoderModel
-from unified_attn.models.hf import load_hf_model
+from unified_attn.models.hf import load_hf_model, supported_architectures
 from unified_attn.models.presets import PRESETS, get_preset
 from unified_attn.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
@@ -19,4 +19,5 @@ __all__ = [
     "Tokenizer",
     "get_preset",
     "load_hf_model",
+    "supported_architectures",
 ]

@@ -17,6 +17,9 @@ LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear_state
 RopeType = Literal["llama3", "linear", "yarn"]
 NormStyle = Literal["llama", "gemma", "float32"]
 MLPKind = Literal["swiglu", "geglu", "moe"]
+ExpertKind = Literal["clamped_swiglu", "swiglu"]
+RouterSoftmax = Literal["top_k", "all"]
+RoutingDType = Literal["float32", "model"]
 
 
 @attrs.frozen
@@ -81,6 +84,11 @@ class LayerKind:
     def linear_state(cls) -> LayerKind:
         return cls("linear_state")
 
+    @property
+    def is_local(self) -> bool:
+        """Attends to a window or a chunk (Gemma 3's "local" layers), not the whole prefix."""
+        return self.window is not None or self.chunk is not None
+
 
 @attrs.frozen(kw_only=True)
 class RopeScaling:
@@ -116,20 +124,51 @@ class RopeScaling:
 
 @attrs.frozen(kw_only=True)
 class MoEConfig:
-    """GPT-OSS mixture of experts: a linear router (with bias) picks `top_k` of `num_experts` per
-    token and softmaxes their logits; each expert is a clamped SwiGLU of `intermediate_size`:
-    `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` with `g = clamp(gate, max=limit)`."""
+    """Mixture of experts: a linear router picks `top_k` of `num_experts` experts per token.
+
+    The defaults are GPT-OSS: `expert_kind="clamped_swiglu"` (router `mlp.router` with a bias,
+    experts as batched tensors with biases, each a clamped SwiGLU
+    `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` with `g = clamp(gate, max=limit)`),
+    `router_softmax="top_k"` (softmax over the chosen logits only).
+
+    Mixtral and Qwen2-MoE: `expert_kind="swiglu"` (router `mlp.gate` without bias, experts
+    `mlp.experts.{e}` as plain SwiGLU MLPs without biases), `router_softmax="all"` (softmax over
+    every expert in float32, then the top-k probabilities, renormalised to sum 1 when
+    `norm_topk_prob`), the weights kept in float32 (Mixtral) or rounded to the model dtype
+    (`routing_weights_dtype="model"`, Qwen2-MoE). `intermediate_size`: the experts' (None: the
+    model's).
+    `shared_expert_intermediate_size` (Qwen2-MoE): a SwiGLU `mlp.shared_expert` run on every
+    token, scaled by `sigmoid(mlp.shared_expert_gate(x))` and added (None: no shared expert).
+    """
 
     num_experts: int = attrs.field(validator=positive_int)
     top_k: int = attrs.field(validator=positive_int)
     swiglu_alpha: float = attrs.field(default=1.702, validator=positive)
     swiglu_limit: float = attrs.field(default=7.0, validator=positive)
+    expert_kind: ExpertKind = "clamped_swiglu"
+    router_softmax: RouterSoftmax = "top_k"
+    norm_topk_prob: bool = True
+    routing_weights_dtype: RoutingDType = "float32"
+    intermediate_size: int | None = attrs.field(default=None, validator=optional_positive_int)
+    shared_expert_intermediate_size: int | None = attrs.field(
+        default=None, validator=optional_positive_int
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"MoEConfig: top_k={self.top_k} exceeds num_experts={self.num_experts}"
             )
+        choices = {
+            "expert_kind": ("clamped_swiglu", "swiglu"),
+            "router_softmax": ("top_k", "all"),
+            "routing_weights_dtype": ("float32", "model"),
+        }
+        for field, valid in choices.items():
+            if getattr(self, field) not in valid:
+                raise ValueError(
+                    f"MoEConfig: {field} must be one of {valid}, got {getattr(self, field)!r}"
+                )
 
 
 def _as_layer_kinds(value: Any) -> tuple[LayerKind, ...]:
@@ -138,6 +177,10 @@ def _as_layer_kinds(value: Any) -> tuple[LayerKind, ...]:
 
 def _as_eos(value: Any) -> int | tuple[int, ...] | None:
     return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _as_int_tuple(value: Any) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
 
 
 @attrs.frozen(kw_only=True)
@@ -149,7 +192,14 @@ class ModelConfig:
     layer: attention and MLP outputs are normed before the residual add), `embed_scale` (embedding
     multiplied by it, rounded to the model dtype), `query_pre_attn_scalar` (attention scale
     `scalar ** -0.5` instead of `head_size ** -0.5`), `attn_logit_softcap` / `final_logit_softcap`
-    (`cap * tanh(x / cap)` on attention scores / output logits), `mlp_kind` with `moe`.
+    (`cap * tanh(x / cap)` on attention scores / output logits), `mlp_kind` with `moe`,
+    `qk_norm` (Qwen 3, Gemma 3: an RMSNorm of `norm_style` over each head of q and k, before RoPE;
+    weights `self_attn.q_norm` / `k_norm [head_size]`), `fused_qkv` / `fused_gate_up` (Phi-3: one
+    `self_attn.qkv_proj` with q, k, v rows in that order; one `mlp.gate_up_proj` with the gate
+    rows first), `local_rope_theta` / `local_rope_scaling` (Gemma 3: the RoPE of the local
+    layers, those with a window or chunk; None: the global `rope_theta` and `rope_scaling`),
+    `dense_mlp_layers` (with `mlp_kind="moe"`: the layers whose MLP is a dense SwiGLU of
+    `intermediate_size` instead, Qwen2-MoE's `mlp_only_layers` and `decoder_sparse_step`).
     """
 
     vocab_size: int = attrs.field(validator=positive_int)
@@ -175,6 +225,12 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = attrs.field(default=None, validator=optional_positive)
     attn_logit_softcap: float | None = attrs.field(default=None, validator=optional_positive)
     final_logit_softcap: float | None = attrs.field(default=None, validator=optional_positive)
+    qk_norm: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    local_rope_theta: float | None = attrs.field(default=None, validator=optional_positive)
+    local_rope_scaling: RopeScaling | None = None
+    dense_mlp_layers: tuple[int, ...] = attrs.field(default=(), converter=_as_int_tuple)
     layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_as_layer_kinds)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = attrs.field(default=None, converter=_as_eos)
@@ -227,11 +283,33 @@ class ModelConfig:
                 f"model {self.name}: mlp_kind={self.mlp_kind!r} with moe={self.moe}; "
                 "mlp_kind='moe' needs a MoEConfig, the other kinds none"
             )
+        if self.dense_mlp_layers and self.mlp_kind != "moe":
+            raise ValueError(
+                f"model {self.name}: dense_mlp_layers={self.dense_mlp_layers} with "
+                f"mlp_kind={self.mlp_kind!r}; only mlp_kind='moe' has dense layers to name"
+            )
+        outside = [i for i in self.dense_mlp_layers if not 0 <= i < self.num_layers]
+        if outside:
+            raise ValueError(
+                f"model {self.name}: dense_mlp_layers {outside} are outside the layers "
+                f"[0, {self.num_layers}); give layer indices"
+            )
+        if self.local_rope_scaling is not None and self.local_rope_theta is None:
+            raise ValueError(
+                f"model {self.name}: local_rope_scaling without local_rope_theta; set the local "
+                "layers' RoPE base too"
+            )
 
     @property
     def attention_scale(self) -> float:
         base = self.head_size if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
         return float(base**-0.5)
+
+    def rope_of(self, kind: LayerKind) -> tuple[float, RopeScaling | None]:
+        """(theta, scaling) of the layers of `kind`: the local RoPE when set and `kind` is local."""
+        if self.local_rope_theta is not None and kind.is_local:
+            return self.local_rope_theta, self.local_rope_scaling
+        return self.rope_theta, self.rope_scaling
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

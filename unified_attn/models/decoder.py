@@ -1,7 +1,7 @@
 """`DecoderModel`: a Llama-family decoder whose layers attend through shared backend instances.
 
-Parameter names are Hugging Face's (Llama, Gemma 2, GPT-OSS), so a checkpoint loads as a plain
-state dict.
+Parameter names are Hugging Face's, so a checkpoint loads as a plain state dict (after the
+renames some architectures declare, `hf_config.WEIGHT_RENAMES`).
 """
 
 from __future__ import annotations
@@ -40,21 +40,37 @@ def _backend_key(kind: LayerKind) -> BackendKey:
 class _Backbone(nn.Module):
     """The `model.` prefix of the parameter names."""
 
+    rotary_emb_local: RotaryEmbedding | None
+
     def __init__(self, config: ModelConfig, backends: dict[BackendKey, AttentionBackend]) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = RotaryEmbedding(config)
+        # the local layers' own RoPE (Gemma 3), when the config gives one
+        local = config.local_rope_theta is not None
+        self.rotary_emb_local = RotaryEmbedding(config, local=True) if local else None
         self.layers = nn.ModuleList(
             DecoderLayer(
                 config,
+                i,
                 kind,
                 make_layer_config(config, i, kind),
                 backends[_backend_key(kind)],
-                self.rotary_emb,
+                self._rotary_of(kind),
             )
             for i, kind in enumerate(config.layer_kinds)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_style)
+
+    def _rotary_of(self, kind: LayerKind) -> RotaryEmbedding:
+        if self.rotary_emb_local is not None and kind.is_local:
+            return self.rotary_emb_local
+        return self.rotary_emb
+
+    def reset_rotary_buffers(self, device: torch.device | str) -> None:
+        for rotary in (self.rotary_emb, self.rotary_emb_local):
+            if rotary is not None:
+                rotary.reset_buffers(device)
 
 
 class DecoderModel(nn.Module):
@@ -86,7 +102,7 @@ class DecoderModel(nn.Module):
         self.to(dtype=dtype)
         self._keep_float32_params()
         self.to_empty(device=device)
-        self.model.rotary_emb.reset_buffers(device)
+        self.model.reset_rotary_buffers(device)
         self.embed_scale = _in_dtype(config.embed_scale, dtype)
         self._fill_constant()
         self.requires_grad_(False)

@@ -1,4 +1,5 @@
-"""Norm, attention and decoder layer, numerically matching transformers' Llama, Gemma 2, GPT-OSS."""
+"""Norm, attention and decoder layer, numerically matching transformers' Llama-family decoders
+(Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, GPT-OSS, Mixtral, Qwen2-MoE)."""
 
 from __future__ import annotations
 
@@ -55,9 +56,12 @@ def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> Layer
 
 
 class Attention(nn.Module):
-    """Projections and RoPE here; the attention itself (and the KV cache) in the backend."""
+    """Projections, q/k norms and RoPE here; the attention itself (and the KV cache) in the
+    backend. With `fused_qkv` one `qkv_proj` (rows: q, then k, then v) replaces q/k/v_proj."""
 
     sinks: nn.Parameter | None
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
 
     def __init__(
         self,
@@ -70,24 +74,42 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_config = layer_config
         self.backend = backend
-        self.rotary_emb = rotary_emb  # shared by all layers
+        self.rotary_emb = rotary_emb  # shared by all layers of the same RoPE
         hidden, d = config.hidden_size, config.head_size
         q_size, kv_size = config.num_heads * d, config.num_kv_heads * d
+        self.split_sizes = [q_size, kv_size, kv_size]
         qkv_bias, o_bias = config.attention_bias, config.attention_output_bias
-        self.q_proj = nn.Linear(hidden, q_size, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
+        self.fused_qkv = config.fused_qkv
+        if self.fused_qkv:
+            self.qkv_proj = nn.Linear(hidden, q_size + 2 * kv_size, bias=qkv_bias)
+        else:
+            self.q_proj = nn.Linear(hidden, q_size, bias=qkv_bias)
+            self.k_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
+            self.v_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=o_bias)
+        eps, style = config.rms_norm_eps, config.norm_style
+        self.q_norm = RMSNorm(d, eps, style) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, eps, style) if config.qk_norm else None
         # [num_heads] learned sink logits (GPT-OSS), float32 (see FLOAT32_PARAMS)
         self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if kind.has_sinks else None
+
+    def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """hidden `[T, hidden_size]` -> q `[T, Hq * D]`, k and v `[T, Hkv * D]`."""
+        if self.fused_qkv:
+            q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+            return q, k, v
+        return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """positions `[T]`, hidden `[T, hidden_size]` -> `[T, hidden_size]`."""
         lc = self.layer_config
         num_tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(num_tokens, lc.num_heads, lc.head_size)
-        k = self.k_proj(hidden).view(num_tokens, lc.num_kv_heads, lc.head_size)
-        v = self.v_proj(hidden).view(num_tokens, lc.num_kv_heads, lc.head_size)
+        q, k, v = self._project(hidden)
+        q = q.view(num_tokens, lc.num_heads, lc.head_size)
+        k = k.view(num_tokens, lc.num_kv_heads, lc.head_size)
+        v = v.view(num_tokens, lc.num_kv_heads, lc.head_size)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         output = torch.empty(
             num_tokens, lc.num_heads * lc.head_size, dtype=hidden.dtype, device=hidden.device
@@ -109,6 +131,7 @@ class DecoderLayer(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
+        index: int,
         kind: LayerKind,
         layer_config: LayerConfig,
         backend: AttentionBackend,
@@ -122,7 +145,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = LinearAttention(config, layer_config, backend)
         else:
             self.self_attn = Attention(config, kind, layer_config, backend, rotary_emb)
-        self.mlp = make_mlp(config)
+        self.mlp = make_mlp(config, index)
         self.input_layernorm = RMSNorm(hidden, eps, style)
         self.post_attention_layernorm = RMSNorm(hidden, eps, style)
         if self.post_norms:

@@ -22,24 +22,50 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 class MLP(nn.Module):
     """Gated MLP: `down(act(gate(x)) * up(x))`; SiLU for SwiGLU (Llama), tanh-GELU for GeGLU
-    (Gemma)."""
+    (Gemma). With `fused_gate_up` (Phi-3) one `gate_up_proj [2I, H]` holds the gate rows, then
+    the up rows."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        kind: str = "swiglu",
+        *,
+        bias: bool = False,
+        fused_gate_up: bool = False,
+    ) -> None:
         super().__init__()
-        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.act = ACTIVATIONS[config.mlp_kind]
-        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
-        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        hidden, inter = hidden_size, intermediate_size
+        self.act = ACTIVATIONS[kind]
+        self.fused_gate_up = fused_gate_up
+        if fused_gate_up:
+            self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
+        else:
+            self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+            self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_gate_up:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(self.act(gate) * up)
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
-def make_mlp(config: ModelConfig) -> nn.Module:
-    """The feed-forward block of one layer: `[T, hidden] -> [T, hidden]`."""
-    if config.mlp_kind == "moe":
-        from unified_attn.models.moe import MoEMLP
+def make_mlp(config: ModelConfig, layer_index: int = 0) -> nn.Module:
+    """The feed-forward block of layer `layer_index`: `[T, hidden] -> [T, hidden]`. With
+    `mlp_kind="moe"`, a mixture of experts, or a dense SwiGLU on `dense_mlp_layers`."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    if config.mlp_kind != "moe":
+        return MLP(
+            hidden,
+            inter,
+            config.mlp_kind,
+            bias=config.mlp_bias,
+            fused_gate_up=config.fused_gate_up,
+        )
+    if layer_index in config.dense_mlp_layers:
+        return MLP(hidden, inter, "swiglu", bias=config.mlp_bias)
+    from unified_attn.models.moe import make_moe
 
-        return MoEMLP(config)
-    return MLP(config)
+    return make_moe(config)

@@ -1,9 +1,16 @@
-"""GPT-OSS mixture of experts, as a plain loop over experts (runs anywhere, graph-capturable).
+"""Mixtures of experts as plain loops over experts (run anywhere, graph-capturable): every
+expert runs on every token with weight 0 where it was not chosen, so there are no
+data-dependent shapes and no host sync.
 
-Parameter names and layouts are transformers' (`mlp.router.weight [E, H]`, `.bias [E]`;
-`mlp.experts.gate_up_proj [E, H, 2I]` with gate and up interleaved along the last dim,
-`gate_up_proj_bias [E, 2I]`, `down_proj [E, I, H]`, `down_proj_bias [E, H]`), so a checkpoint
-loads as a plain state dict.
+Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
+
+- `clamped_swiglu` (GPT-OSS, `MoEMLP`): `mlp.router.weight [E, H]`, `.bias [E]`;
+  `mlp.experts.gate_up_proj [E, H, 2I]` with gate and up interleaved along the last dim,
+  `gate_up_proj_bias [E, 2I]`, `down_proj [E, I, H]`, `down_proj_bias [E, H]`.
+- `swiglu` (Mixtral, Qwen2-MoE, `SparseMoEMLP`): `mlp.gate.weight [E, H]`;
+  `mlp.experts.{e}.gate_proj / up_proj / down_proj.weight` (plain SwiGLU MLPs); Qwen2-MoE's
+  `mlp.shared_expert.*` and `mlp.shared_expert_gate.weight [1, H]`. Mixtral checkpoints name
+  them `block_sparse_moe.*` and `w1 / w3 / w2`; `hf_config.WEIGHT_RENAMES` maps those names.
 """
 
 from __future__ import annotations
@@ -12,22 +19,43 @@ import torch
 from torch import nn
 
 from unified_attn.models.config import ModelConfig, MoEConfig
+from unified_attn.models.mlp import MLP
 
 
 class TopKRouter(nn.Module):
-    """Linear router; the weights are a softmax over the top-k logits only."""
+    """Linear router (with a bias for GPT-OSS). `router_softmax="top_k"`: a softmax over the
+    top-k logits only, in x's dtype (GPT-OSS); `"all"`: a float32 softmax over every expert, then
+    the top-k probabilities, renormalised when `norm_topk_prob` (Mixtral, Qwen2-MoE), in float32
+    or rounded to x's dtype (`routing_weights_dtype`)."""
 
-    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+    bias: nn.Parameter | None
+
+    def __init__(self, hidden_size: int, moe: MoEConfig, *, bias: bool = True) -> None:
         super().__init__()
-        self.top_k = moe.top_k
+        self.top_k, self.softmax, self.norm = moe.top_k, moe.router_softmax, moe.norm_topk_prob
+        self.round_weights = moe.routing_weights_dtype == "model"
         self.weight = nn.Parameter(torch.zeros(moe.num_experts, hidden_size))
-        self.bias = nn.Parameter(torch.zeros(moe.num_experts))
+        self.bias = nn.Parameter(torch.zeros(moe.num_experts)) if bias else None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x `[T, H]` -> (routing weights `[T, k]` in x's dtype, expert ids `[T, k]`)."""
+        """x `[T, H]` -> (routing weights `[T, k]`, expert ids `[T, k]`); the weights are in x's
+        dtype for `"top_k"`, for `"all"` float32 unless `routing_weights_dtype="model"`."""
         logits = nn.functional.linear(x, self.weight, self.bias)  # [T, E]
-        top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)
-        return torch.softmax(top_logits, dim=-1, dtype=top_logits.dtype), top_ids
+        if self.softmax == "top_k":
+            top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)
+            return torch.softmax(top_logits, dim=-1, dtype=top_logits.dtype), top_ids
+        probs = torch.softmax(logits.float(), dim=-1)
+        top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm:
+            top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+        return (top_probs.to(x.dtype) if self.round_weights else top_probs), top_ids
+
+
+def _expert_weight(
+    routing_weights: torch.Tensor, expert_ids: torch.Tensor, index: int
+) -> torch.Tensor:
+    """`[T, 1]`: each token's routing weight for expert `index`, 0 where it was not chosen."""
+    return (routing_weights * (expert_ids == index)).sum(-1, keepdim=True)
 
 
 class Experts(nn.Module):
@@ -59,12 +87,14 @@ class Experts(nn.Module):
         data-dependent shapes, so no host sync."""
         out = torch.zeros_like(x)
         for index in range(self.gate_up_proj.shape[0]):
-            weight = (routing_weights * (expert_ids == index)).sum(-1, keepdim=True)  # [T, 1]
+            weight = _expert_weight(routing_weights, expert_ids, index)
             out += (self.expert(index, x) * weight).to(x.dtype)
         return out
 
 
 class MoEMLP(nn.Module):
+    """GPT-OSS: router with bias, clamped-SwiGLU experts as batched tensors."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         assert config.moe is not None  # ModelConfig validates mlp_kind="moe" against it
@@ -75,3 +105,42 @@ class MoEMLP(nn.Module):
         """x `[T, H]` -> `[T, H]`."""
         routing_weights, expert_ids = self.router(x)
         return self.experts(x, routing_weights, expert_ids)
+
+
+class SparseMoEMLP(nn.Module):
+    """Mixtral and Qwen2-MoE: router without bias, SwiGLU experts, and (Qwen2-MoE) a shared
+    expert gated by `sigmoid(shared_expert_gate(x))`, added to the experts' sum."""
+
+    shared_expert: MLP | None
+    shared_expert_gate: nn.Linear | None
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        moe = config.moe
+        assert moe is not None  # ModelConfig validates mlp_kind="moe" against it
+        hidden = config.hidden_size
+        inter = moe.intermediate_size or config.intermediate_size
+        self.gate = TopKRouter(hidden, moe, bias=False)
+        self.experts = nn.ModuleList(MLP(hidden, inter) for _ in range(moe.num_experts))
+        shared = moe.shared_expert_intermediate_size
+        self.shared_expert = None if shared is None else MLP(hidden, shared)
+        self.shared_expert_gate = None if shared is None else nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x `[T, H]` -> `[T, H]`; experts added in expert order, as transformers."""
+        routing_weights, expert_ids = self.gate(x)
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            weight = _expert_weight(routing_weights, expert_ids, index)
+            out += (expert(x) * weight).to(x.dtype)
+        if self.shared_expert is not None and self.shared_expert_gate is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def make_moe(config: ModelConfig) -> nn.Module:
+    """The mixture of experts of `config.moe.expert_kind`."""
+    assert config.moe is not None
+    if config.moe.expert_kind == "swiglu":
+        return SparseMoEMLP(config)
+    return MoEMLP(config)

@@ -82,19 +82,22 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate_half) RoPE over the whole head."""
+    """Neox-style (rotate_half) RoPE over the whole head, with the model's global RoPE settings
+    or (`local=True`) those of its local layers (`ModelConfig.rope_of`)."""
 
     inv_freq: torch.Tensor
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, *, local: bool = False) -> None:
         super().__init__()
-        self.config = config
-        self.attention_scaling = rope_attention_scaling(config.rope_scaling)
+        theta, scaling = config.rope_theta, config.rope_scaling
+        if local and config.local_rope_theta is not None:
+            theta, scaling = config.local_rope_theta, config.local_rope_scaling
+        self.head_size, self.theta, self.scaling = config.head_size, theta, scaling
+        self.attention_scaling = rope_attention_scaling(scaling)
         self.register_buffer("inv_freq", self._compute(), persistent=False)
 
     def _compute(self) -> torch.Tensor:
-        cfg = self.config
-        return rope_inv_freq(cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+        return rope_inv_freq(self.head_size, self.theta, self.scaling)
 
     def reset_buffers(self, device: torch.device | str) -> None:
         """Recompute `inv_freq` in float32 on `device` (after meta construction or a cast)."""

@@ -43,8 +43,14 @@ class HFTokenizer:
     """`transformers.AutoTokenizer` behind the same API (special tokens skipped on decode)."""
 
     def __init__(self, path: str | Path) -> None:
-        from transformers import AutoTokenizer  # optional dependency: pip install .[hf]
-
+        try:
+            from transformers import AutoTokenizer  # optional dependency: the `hf` extra
+        except ImportError as error:
+            raise ValueError(
+                f"checkpoint {path} ships a tokenizer, and loading it needs the transformers "
+                f"package, which is not installed ({error}); install the hf extra: "
+                "pip install 'unified_attn[hf]'"
+            ) from None
         self.tokenizer: Any = AutoTokenizer.from_pretrained(str(path))
         self.bos_token_id = self.tokenizer.bos_token_id
         eos = self.tokenizer.eos_token_id
