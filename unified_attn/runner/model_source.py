@@ -30,9 +30,9 @@ from unified_attn.models import (
     LayerKind,
     ModelConfig,
     get_preset,
+    supported_architectures,
 )
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
-from unified_attn.models.hf_config import ARCHITECTURES
 from unified_attn.selector import (
     SelectorConfig,
     backend_priorities,
@@ -276,5 +276,5 @@ def describe_models() -> dict[str, Any]:
     directory may have."""
     return {
         "presets": [describe_model(config) for config in PRESETS.values()],
-        "architectures": list(ARCHITECTURES),
+        "architectures": supported_architectures(),
     }
