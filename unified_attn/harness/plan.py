@@ -100,12 +100,9 @@ class Capacity:
 
 
 def attention_layers(config: ModelConfig, dtype: torch.dtype) -> list:
-    """`(LayerConfig, backend)` of every layer, from a model built on the meta device (on CPU
-    when it has state layers: the selector registers no state backend for "meta"; only the
-    small presets have them)."""
-    has_state = any(kind.kind == "linear_state" for kind in config.layer_kinds)
-    device = "cpu" if has_state else "meta"
-    model = DecoderModel(config, ReferenceAttentionBackend, dtype=dtype, device=device)
+    """`(LayerConfig, backend)` of every layer, from a model built on the meta device (no
+    memory: only the cache configs are needed)."""
+    model = DecoderModel(config, ReferenceAttentionBackend, dtype=dtype, device="meta")
     return list(model.attention_layers())
 
 

@@ -128,7 +128,8 @@ class DecoderModel(nn.Module):
                     SelectorConfig(
                         head_size=config.head_size,
                         dtype=dtype,
-                        device=device.type,
+                        # a model built on "meta" (planning only) selects as on the CPU
+                        device="cpu" if device.type == "meta" else device.type,
                         use_batch_invariant=options.get("batch_invariant", False),
                         layer_kind="linear_state",
                     )
