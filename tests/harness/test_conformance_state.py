@@ -50,3 +50,27 @@ def test_attention_backends_report_state_cells_as_unsupported():
     report = run_conformance("reference", cells=STATE_GRID[:1])
     assert report["cells"][0]["status"] == "unsupported"
     assert "not linear_state" in report["cells"][0]["detail"]
+
+
+class BrokenCacheConfig(LinearStateBackend):
+    name = "broken-cache-config"
+
+    def get_cache_config(self):
+        raise ValueError("no config for you")
+
+
+def test_a_cache_config_that_raises_fails_the_cell_not_the_run():
+    from unified_attn.backends.reference import ReferenceAttentionBackend
+    from unified_attn.harness.conformance import GRID
+
+    class Broken(ReferenceAttentionBackend):
+        name = "broken-attention-cache-config"
+
+        def get_cache_config(self):
+            raise ValueError("no config for you")
+
+    report = run_conformance(Broken, cells=GRID[:1])
+    assert report["cells"][0]["status"] == "fail"
+    assert "no config for you" in report["cells"][0]["detail"]
+    state = run_conformance(BrokenCacheConfig, cells=STATE_GRID[:1])
+    assert state["cells"][0]["status"] == "fail"

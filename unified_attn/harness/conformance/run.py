@@ -28,9 +28,10 @@ def run_cell(backend_cls: type[AttentionBackend], cell: Cell, device: str, seed:
     reasons = backend_reasons(backend_cls, cell.selector_config(device))
     if reasons:
         return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
-    checks = {"cache config pure": check_cache_config(backend_cls, cell)}
+    checks: dict[str, str] = {}
     failed = []
     try:
+        checks["cache config pure"] = check_cache_config(backend_cls, cell)
         row["max_err"], location = compare_with_oracle(backend_cls, cell, device, seed, checks)
         if row["max_err"] > row["tol"]:
             failed.append(f"max error {row['max_err']:.3g} > {row['tol']:g} {location}")
