@@ -7,8 +7,9 @@ prefill), staggered admission (mixed prefill/decode steps) and a KV cache one re
 tokens are compared. The report adds lines of code per backend and host time per step.
 
 Modules: `workload` (the workload and engine settings), `engine_run` (one engine through it),
-`compare` (outputs per token index), `code_size` (lines of code), `timing` (host time per decode step), `run` (`run_migration`),
-`report` (`print_report`) and `command` (`unified-attn migrate`).
+`compare` (outputs per token index), `code_size` (lines of code), `timing` (host time per
+decode step), `run` (`run_migration`), `report` (`print_report`) and `command`
+(`unified-attn migrate`).
 """
 
 from unified_attn.harness.migration.code_size import source_lines
