@@ -28,6 +28,8 @@ ALLOWED: dict[str, set[str]] = {
         # the engine resolves legacy backend names too (`legacy-reference`, `module:Class`)
         "runner": "models legacy_adapter backend selector managers tensor_specs request "
         "sampling_params utils",
+        # vLLM's `LLM` over the engine
+        "llm": "runner sampling_params utils",
         "harness": "runner models legacy_adapter backends backend selector managers "
         "tensor_specs request sampling_params utils",
         "cli": "harness runner sampling_params utils",

@@ -3,7 +3,9 @@ KV-cache managers with vLLM v1 semantics.
 
 The public API, by who uses it:
 
-- **Running models**: `LLMEngine`, `EngineConfig`, `SamplingParams`, `RequestOutput`.
+- **Running models**: `LLM` (vLLM's offline interface, docs/vllm-api.md), `LLMEngine`,
+  `EngineConfig`, `SamplingParams`, and the outputs `RequestOutput`, `CompletionOutput`,
+  `Logprob` and `StreamDelta`.
 - **Writing a backend** (the contract is on `AttentionBackend`): `AttentionBackend`,
   `AttentionType`, `LayerConfig`, `CommonAttentionMetadata`, `CacheConfig`, `register_backend`,
   `select_backend`, `SelectorConfig`, and the tensor specs `KVCacheTensorSpec`, `PagedKVSpec`,
@@ -24,6 +26,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
+from unified_attn.llm import LLM
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
@@ -35,7 +38,14 @@ from unified_attn.managers import (
     StreamingSinkManager,
 )
 from unified_attn.request import Request
-from unified_attn.runner.engine import EngineConfig, LLMEngine, RequestOutput
+from unified_attn.runner.engine import (
+    CompletionOutput,
+    EngineConfig,
+    LLMEngine,
+    Logprob,
+    RequestOutput,
+    StreamDelta,
+)
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import SelectorConfig, register_backend, select_backend
 from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec
@@ -43,7 +53,17 @@ from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec
 __version__ = "0.1.0"
 
 # running models
-__all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLMEngine",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "StreamDelta",
+    "__version__",
+]
 # writing a backend
 __all__ += [
     "AttentionBackend",

@@ -57,6 +57,9 @@ class Request:
         # Tokens scheduled by a step whose outputs have not been processed yet (async steps).
         self.num_in_flight_tokens = 0
         self.num_preemptions = 0
+        # What ended it besides a length cap or EOS: a stop token id (set by the scheduler) or a
+        # stop string (set by the engine, which reads the text).
+        self.stop_reason: int | str | None = None
         # Requests that need logits of every prompt position recompute the whole prompt.
         self.skip_reading_prefix_cache = False
         self.block_hashes: list[bytes] = []

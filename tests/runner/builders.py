@@ -1,5 +1,6 @@
-"""Small builders shared by the scheduler and model-runner tests: a `Scheduler` over a real
-`KVCacheManager` (no model), requests with its block hasher, and one-step drivers."""
+"""Small builders shared by the scheduler, model-runner and engine tests: a `Scheduler` over a
+real `KVCacheManager` (no model), requests with its block hasher, one-step drivers, and a
+scripted sampler for an engine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterable
 
 from tests.managers.helpers import FULL, make_manager, make_request
 from unified_attn.request import Request
+from unified_attn.runner.sampler import SamplerOutput
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.sampling_params import SamplingParams
 
@@ -58,3 +60,15 @@ def run_step(scheduler: Scheduler, token: int = 7) -> SchedulerOutput:
     output = scheduler.schedule()
     scheduler.update_from_output(output, sample_all(output, token))
     return output
+
+
+def script(engine, tokens) -> None:
+    """Make `engine` sample `tokens[i]` as the i-th output token of every request (the model
+    still runs; only the choice is scripted), so that text rules can be tested on known text."""
+    tokens = list(tokens.encode() if isinstance(tokens, str) else tokens)
+
+    def sample(logits, requests):
+        chosen = [tokens[r.num_output_tokens] for r in requests]
+        return SamplerOutput(chosen, [None] * len(requests))
+
+    engine.runner.sampler.sample = sample

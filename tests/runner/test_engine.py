@@ -114,4 +114,7 @@ def test_abort_frees_blocks():
     engine.step()
     assert engine.kv_cache_manager.usage > 0
     engine.abort_request(rid)
-    assert engine.kv_cache_manager.usage == 0 and not engine.has_unfinished_requests()
+    assert engine.kv_cache_manager.usage == 0 and not engine.scheduler.has_unfinished()
+    (out,) = engine.step()  # the aborted request's output, with what it generated
+    assert (out.request_id, out.finish_reason) == (rid, "abort")
+    assert not engine.has_unfinished_requests()

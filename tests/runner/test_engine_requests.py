@@ -31,10 +31,12 @@ def test_an_output_that_finishes_during_generate_comes_from_the_next_step():
     other = engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=1, ignore_eos=True))
     outs = engine.generate([[1, 2, 3], [4, 5]], LONG)
     assert [len(o.output_token_ids) for o in outs] == [12, 12]
-    assert not engine.has_unfinished_requests()
+    assert not engine.scheduler.has_unfinished()
+    assert engine.has_unfinished_requests()  # a serving loop on it does not miss the output
     (delivered,) = engine.step()  # nothing left to run: only the kept output
     assert delivered.request_id == other and len(delivered.output_token_ids) == 1
     assert engine.step() == []  # delivered once
+    assert not engine.has_unfinished_requests()
 
 
 def test_generate_queues_nothing_when_one_prompt_is_invalid():
@@ -94,3 +96,22 @@ def test_seeded_sampling_continues_its_stream_after_preemption():
 def test_unknown_devices_are_refused_before_anything_is_built(device, message):
     with pytest.raises(ValueError, match=message):
         LLMEngine("tiny-llama", device=device)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(request_id=7), "request_id must be a non-empty str or None .* got 7"),
+        (dict(request_id=""), "request_id must be a non-empty str"),
+        (dict(cache_salt=b"x"), "cache_salt must be a str or None"),
+        (dict(params=SamplingParams(stop_token_ids=[999])), "stop_token_ids holds 999"),
+        (dict(params=SamplingParams(logprobs=1000)), "logprobs=1000 exceeds the vocabulary"),
+        (dict(params=dict(max_tokens=2)), "expected SamplingParams, got dict"),
+    ],
+)
+def test_bad_request_arguments_are_refused_and_change_nothing(kwargs, message):
+    engine = LLMEngine("tiny-llama")
+    with pytest.raises(ValueError, match=message):
+        engine.add_request([1, 2], **kwargs)
+    assert not engine.has_unfinished_requests() and engine.unfinished_request_ids() == []
+    assert engine.add_request([1, 2]) == "req-0"  # no automatic id was used up

@@ -295,6 +295,56 @@ def test_max_model_len_finishes_the_request_with_length():
     assert s.kv.get_block_ids(a) == ([],)
 
 
+def test_a_stop_token_becomes_the_stop_reason_eos_does_not():
+    s = make_scheduler(eos_token_ids=(99,))
+    a = add(s, "A", range(100, 105), stop_token_ids=[42])
+    b = add(s, "B", range(200, 205))
+    out = s.schedule()
+    assert s.update_from_output(out, {"A": 42, "B": 99}) == [a, b]
+    assert (a.stop_reason, b.stop_reason) == (42, None)
+
+
+def test_before_min_tokens_eos_and_stop_tokens_do_not_finish_the_request():
+    s = make_scheduler(eos_token_ids=(99,))
+    a = add(s, "A", range(100, 105), min_tokens=2, stop_token_ids=[42])
+    out = s.schedule()
+    assert s.update_from_output(out, {"A": 99}) == []  # 1 output token < min_tokens
+    out = s.schedule()
+    assert s.update_from_output(out, {"A": 42}) == [a]  # 2: min_tokens reached, 42 stops
+    assert a.status == RequestStatus.FINISHED_STOPPED and a.output_token_ids == [99, 42]
+
+
+def test_min_tokens_never_outlasts_the_length_caps():
+    s = make_scheduler(max_model_len=8)
+    a = add(s, "A", range(100, 106), max_tokens=None, min_tokens=50)
+    for token in (5, 6):
+        out = s.schedule()
+        finished = s.update_from_output(out, {"A": token})
+    assert finished == [a] and a.status == RequestStatus.FINISHED_LENGTH and a.num_tokens == 8
+
+
+def test_max_tokens_none_runs_to_max_model_len():
+    s = make_scheduler(max_model_len=12)
+    a = add(s, "A", range(100, 104), max_tokens=None)
+    steps = 0
+    while s.has_unfinished():
+        run_step(s)
+        steps += 1
+    assert (steps, a.num_output_tokens, a.status) == (8, 8, RequestStatus.FINISHED_LENGTH)
+
+
+def test_finish_request_ends_a_running_request_with_the_given_status():
+    s = make_scheduler()
+    a = add(s, "A", range(100, 105))
+    run_step(s)
+    assert s.finish_request("A", RequestStatus.FINISHED_STOPPED) is a
+    assert a.status == RequestStatus.FINISHED_STOPPED and not s.has_unfinished()
+    assert num_free(s) == 31 and s.schedule().finished_ids == ["A"]
+    assert s.finish_request("A", RequestStatus.FINISHED_STOPPED) is None  # gone: ignored
+    with pytest.raises(ValueError, match=r"must be a finished one, got RequestStatus\.RUNNING"):
+        s.finish_request("A", RequestStatus.RUNNING)
+
+
 # ---- aborts and request ids --------------------------------------------------------------------
 
 

@@ -1,10 +1,13 @@
 """A randomized soak of the engine, driven the way a serving loop drives it.
 
-Between steps, requests arrive (sharing prefixes, greedy or seeded, with stop tokens), running
-and waiting requests are aborted, duplicate ids and invalid prompts are mixed in, and `generate`
-is called while other requests are in flight. The KV pool is small enough that preemption happens
-every few steps. After every step the pool, queues and block tables must be consistent; at the
-end every block is free and every greedy or seeded request equals the same request run alone.
+Between steps, requests arrive (sharing prefixes, greedy or seeded, with stop tokens, stop
+strings, penalties, `min_tokens`, `n` completions and log-probabilities), running and waiting
+requests are aborted, duplicate ids and invalid requests are mixed in, and `generate` and
+`stream` run while other requests are in flight (some streams are closed early). The KV pool is
+small enough that preemption happens every few steps. After every step the pool, queues and
+block tables must be consistent; at the end every block is free, every greedy or seeded request
+equals the same request run alone (tokens, text, finish and stop reasons, log-probabilities),
+and an aborted request's tokens are the start of that run's.
 
 CI runs a short budget on every preset; `--soak-steps 400 --soak-seeds 5` runs a long one.
 """
@@ -16,11 +19,13 @@ from collections import Counter
 
 import attrs
 import pytest
+import torch
 
 from tests.managers.helpers import walk_free_queue
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import PRESETS
 from unified_attn.request import RequestStatus
+from unified_attn.runner.sampler import apply_penalties
 
 MAX_MODEL_LEN = 128
 ENGINE = dict(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=32, max_num_seqs=6)
@@ -33,10 +38,61 @@ class Submitted:
     aborted: bool = False
 
 
+@attrs.frozen
+class Completion:
+    """What a caller got for one completion, from an output or from a stream's deltas."""
+
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+    logprobs: list[float] | None = None  # the sampled tokens'
+    logits: torch.Tensor | None = attrs.field(default=None, eq=False)
+
+
+def sampled_logprobs(logprobs, token_ids) -> list[float] | None:
+    if logprobs is None:
+        return None
+    return [entry[t].logprob for entry, t in zip(logprobs, token_ids, strict=True)]
+
+
+def completions(out) -> list[Completion]:
+    return [
+        Completion(
+            c.token_ids,
+            c.text,
+            c.finish_reason,
+            c.stop_reason,
+            sampled_logprobs(c.logprobs, c.token_ids),
+            c.logits,
+        )
+        for c in out.outputs
+    ]
+
+
+def streamed(deltas, n: int) -> list[Completion]:
+    """Completions put together from a stream's deltas; each index finishes exactly once."""
+    parts = [Completion([], "", None, None) for _ in range(n)]
+    for d in deltas:
+        part = parts[d.index]
+        assert part.finish_reason is None, f"completion {d.index} got a delta after its last"
+        logprobs = sampled_logprobs(d.logprobs, d.token_ids)
+        if logprobs is not None:
+            logprobs = (part.logprobs or []) + logprobs
+        parts[d.index] = Completion(
+            part.token_ids + d.token_ids,
+            part.text + d.text,
+            d.finish_reason,
+            d.stop_reason,
+            logprobs,
+        )
+    return parts
+
+
 class Soak:
     def __init__(self, preset: str, seed: int) -> None:
         self.rng = random.Random(f"{preset}-{seed}")
-        probe = LLMEngine(preset, **ENGINE)
+        probe = LLMEngine(preset, seed=seed, **ENGINE)
         blocks = sum(probe.worker.blocks_per_request)
         # one worst-case request and a few spare blocks: requests must take turns
         memory = probe.worker.plan.bytes_per_block * (blocks + 4)
@@ -45,11 +101,23 @@ class Soak:
         self.vocab = min(self.engine.vocab_size, 256)
         self.prefixes = [self.tokens(self.rng.randint(16, 70)) for _ in range(3)]
         self.stop_tokens = tuple(self.tokens(24))
+        self.stop_strings = self.likely_stop_strings(probe)
         self.submitted: dict[str, Submitted] = {}
-        self.outputs: dict[str, object] = {}
+        self.outputs: dict[str, list[Completion]] = {}
 
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(self.vocab) for _ in range(n)]
+
+    def likely_stop_strings(self, probe: LLMEngine) -> tuple[list[str], list[str]]:
+        """Characters of what the model writes greedily (it repeats itself) and pieces of 1 or
+        2 characters of what it samples, so that stop strings hit."""
+        greedy = probe.generate([self.tokens(8) for _ in range(4)], SamplingParams(max_tokens=8))
+        params = SamplingParams(max_tokens=24, temperature=0.9, seed=self.seed, ignore_eos=True)
+        sampled = probe.generate([self.tokens(8) for _ in range(2)], params)
+        chars = sorted({c for out in greedy for c in out.text}) or ["a"]
+        texts = [out.text for out in sampled]
+        pieces = {t[i : i + k] for t in texts for k in (1, 2) for i in range(len(t) - k + 1)}
+        return chars, sorted(pieces) or ["a"]
 
     # ---- what a serving loop does between steps ---------------------------------------------
 
@@ -58,15 +126,33 @@ class Soak:
         prefix = rng.choice(self.prefixes) if rng.random() < 0.7 else []
         prompt = (prefix + self.tokens(rng.randint(1, 30)))[: MAX_MODEL_LEN - 8]
         seeded = rng.random() < 0.4
+        max_tokens = rng.randint(1, 24)
         params = SamplingParams(
-            max_tokens=rng.randint(1, 24),
+            n=rng.choice([1, 1, 1, 2, 3]),
+            max_tokens=max_tokens,
+            min_tokens=rng.randint(0, max_tokens) if rng.random() < 0.3 else 0,
             temperature=0.9 if seeded else 0.0,
-            top_k=rng.choice([0, 20]) if seeded else 0,
+            top_k=rng.choice([-1, 0, 20]) if seeded else 0,
             seed=rng.randrange(1000) if seeded else None,
+            stop=[rng.choice(self.stop_strings[0]), rng.choice(self.stop_strings[1])]
+            if rng.random() < 0.4
+            else (),
             stop_token_ids=self.stop_tokens if rng.random() < 0.3 else (),
             ignore_eos=rng.random() < 0.5,
+            logprobs=rng.choice([0, 3]) if rng.random() < 0.2 else None,
+            **self.random_penalties(),
         )
         return prompt, params
+
+    def random_penalties(self) -> dict[str, float]:
+        rng = self.rng
+        if rng.random() < 0.7:
+            return {}
+        return dict(
+            presence_penalty=rng.choice([0.0, -0.5, 1.5]),
+            frequency_penalty=rng.choice([0.0, 0.5, -1.0]),
+            repetition_penalty=rng.choice([1.0, 0.8, 1.3]),
+        )
 
     def add(self) -> None:
         prompt, params = self.random_request()
@@ -80,37 +166,59 @@ class Soak:
         self.submitted[rid] = Submitted(prompt, params)
 
     def add_invalid(self) -> None:
-        live = list(self.engine.scheduler.requests)
-        before = (len(self.engine.scheduler.waiting), len(live))
+        engine = self.engine
+        scheduler = engine.scheduler
+        live = list(scheduler.requests)  # with `n > 1`: `<id>#0`, `<id>#1`, ...
+        before = (len(scheduler.waiting), list(scheduler.requests), engine.unfinished_request_ids())
+        ok = SamplingParams(max_tokens=2)
         cases = [
-            ([], "is empty"),
-            ([1, self.engine.vocab_size + 3], "outside the vocabulary"),
-            ([1] * MAX_MODEL_LEN, "leaves no room"),
+            ([], ok, None, "is empty"),
+            ([1, engine.vocab_size + 3], ok, None, "outside the vocabulary"),
+            ([1] * MAX_MODEL_LEN, ok, None, "leaves no room"),
+            ([1], SamplingParams(stop_token_ids=[engine.vocab_size]), None, "stop_token_ids"),
+            ([1, 2], SamplingParams(logprobs=engine.vocab_size + 1), None, "logprobs"),
         ]
-        if live:
-            cases.append((([1, 2], self.rng.choice(live)), "already in use"))
-        prompt, message = self.rng.choice(cases)
-        request_id = None
-        if isinstance(prompt, tuple):
-            prompt, request_id = prompt
+        if live:  # a running id: a caller's, or one an `n > 1` request runs under
+            cases.append(([1, 2], ok, self.rng.choice(live), "already in use"))
+            parent = self.rng.choice(engine.unfinished_request_ids())
+            cases.append(([1, 2], SamplingParams(n=2), parent, "already in use"))
+        prompt, params, request_id, message = self.rng.choice(cases)
         with pytest.raises(ValueError, match=message):
-            self.engine.add_request(prompt, SamplingParams(max_tokens=2), request_id=request_id)
-        scheduler = self.engine.scheduler
-        assert (len(scheduler.waiting), len(scheduler.requests)) == before
+            engine.add_request(prompt, params, request_id=request_id)
+        after = (len(scheduler.waiting), list(scheduler.requests), engine.unfinished_request_ids())
+        assert after == before
 
     def abort(self) -> None:
-        live = list(self.engine.scheduler.requests)
+        live = self.engine.unfinished_request_ids()
         if live:
             rid = self.rng.choice(live)
             self.engine.abort_request(rid)
             self.submitted[rid].aborted = True
+            with pytest.raises(ValueError, match="no unfinished request"):
+                self.engine.abort_request(rid)
 
     def generate_one(self) -> None:
         prompt, params = self.random_request()
         (out,) = self.engine.generate([prompt], params)
         assert out.request_id not in self.submitted
         self.submitted[out.request_id] = Submitted(prompt, params)
-        self.outputs[out.request_id] = out
+        self.outputs[out.request_id] = completions(out)
+
+    def stream_one(self) -> None:
+        """Read a stream to its end, or close it after a few deltas (its requests are dropped)."""
+        prompt, params = self.random_request()
+        close_after = self.rng.choice([None, None, 1, 3])
+        deltas = []
+        stream = self.engine.stream([prompt], params)
+        for delta in stream:
+            deltas.append(delta)
+            if len(deltas) == close_after:
+                stream.close()
+        (rid,) = {d.request_id for d in deltas}
+        assert rid not in self.submitted and rid not in self.engine.unfinished_request_ids()
+        if sum(d.finished for d in deltas) == params.n:  # it ran to its end
+            self.submitted[rid] = Submitted(prompt, params)
+            self.outputs[rid] = streamed(deltas, params.n)
 
     def between_steps(self) -> None:
         rng = self.rng
@@ -122,21 +230,24 @@ class Soak:
             self.abort()
         if rng.random() < 0.03:
             self.generate_one()
+        if rng.random() < 0.05:
+            self.stream_one()
 
     def step(self) -> None:
         for out in self.engine.step():
             assert out.request_id not in self.outputs, f"{out.request_id} delivered twice"
-            assert not self.submitted[out.request_id].aborted, "an aborted request has an output"
-            self.outputs[out.request_id] = out
+            aborted = self.submitted[out.request_id].aborted
+            assert aborted == any(c.finish_reason == "abort" for c in out.outputs)
+            self.outputs[out.request_id] = completions(out)
         check_invariants(self.engine)
 
     def run(self, steps: int) -> None:
         for _ in range(steps):
             self.between_steps()
             self.step()
-        while self.engine.has_unfinished_requests():
+        while self.engine.has_unfinished_requests():  # until every output is handed out
             self.step()
-        self.step()  # delivers outputs kept by a generate in the last round
+        self.step()  # the runner forgets the requests that finished in the last step
 
     # ---- the end ---------------------------------------------------------------------------
 
@@ -146,41 +257,62 @@ class Soak:
         assert engine.kv_cache_manager.usage == 0.0
         assert walk_free_queue(pool) and pool.get_num_free_blocks() == pool.num_blocks - 1
         assert all(b.ref_cnt == 0 for b in pool.blocks)
-        assert not engine.runner.block_tables.rows and not engine.runner.sampler.generators
-        expected = {rid for rid, s in self.submitted.items() if not s.aborted}
-        assert set(self.outputs) == expected, "a request finished without an output"
+        runner = engine.runner
+        assert not runner.block_tables.rows and not runner.sampler.generators
+        assert not runner.sampler.prompt_masks and not engine.unfinished_request_ids()
+        assert set(self.outputs) == set(self.submitted), "a request ended without an output"
         assert engine.scheduler.num_preemptions > 0, "the pool never forced a preemption"
 
     def check_against_alone(self) -> None:
         # the same weights (the seed draws them), a pool of the default size, no prefix cache
         alone = LLMEngine(self.preset, enable_prefix_caching=False, seed=self.seed, **ENGINE)
-        for rid, out in self.outputs.items():
+        for rid, got in self.outputs.items():
             submitted = self.submitted[rid]
             params = attrs.evolve(submitted.params, return_logits=True)
             (ref,) = alone.generate([submitted.prompt], params)
-            if (out.output_token_ids, out.finish_reason) == (
-                ref.output_token_ids,
-                ref.finish_reason,
-            ):
-                continue
-            # Batches change float rounding in the last bits: a greedy request may take the
-            # other side of an exact tie. Accept that, and only that.
-            assert submitted.params.greedy and is_tie(out, ref), (
-                f"{self.preset}: {rid} ({submitted.params}) differs from the same request alone"
-            )
+            where = f"{self.preset}: {rid} ({submitted.params})"
+            for mine, want in zip(got, completions(ref), strict=True):
+                check_completion(mine, want, submitted, where)
+
+
+def check_completion(mine: Completion, want: Completion, submitted: Submitted, where: str) -> None:
+    """`mine` equals the run alone (an aborted one: its start), or took the other side of an
+    exact tie (greedy only)."""
+    tokens = want.token_ids
+    if mine.finish_reason == "abort":
+        tokens = tokens[: len(mine.token_ids)]
+    if mine.token_ids != tokens:
+        # Batches change float rounding in the last bits: a greedy request may take the
+        # other side of an exact tie. Accept that, and only that.
+        assert submitted.params.greedy and is_tie(mine, want, submitted), where
+        return
+    if mine.finish_reason == "abort":
+        return
+    assert attrs.evolve(mine, logprobs=None) == attrs.evolve(want, logprobs=None), (
+        f"{where} differs from the same request alone"
+    )
+    if want.logprobs is not None:
+        assert mine.logprobs == pytest.approx(want.logprobs, abs=1e-4), where
 
 
 TIE = 1e-5  # logits closer than this are a tie in float32
 
 
-def is_tie(out, ref) -> bool:
-    """The first differing token of `out` was within `TIE` of the reference's choice."""
-    pairs = zip(out.output_token_ids, ref.output_token_ids, strict=False)
+def is_tie(mine: Completion, want: Completion, submitted: Submitted) -> bool:
+    """The first differing token of `mine` was within `TIE` of the reference's choice, on the
+    logits the greedy choice was made on (the raw ones, penalized if the request has
+    penalties)."""
+    pairs = zip(mine.token_ids, want.token_ids, strict=False)
     j = next((j for j, (a, b) in enumerate(pairs) if a != b), None)
     if j is None:
-        return False  # same tokens, another finish reason: not a tie
-    logits = ref.logits[j]
-    return bool(logits[ref.output_token_ids[j]] - logits[out.output_token_ids[j]] < TIE)
+        return False  # one is longer: not a tie
+    assert want.logits is not None
+    logits, params = want.logits[j], submitted.params
+    if params.has_penalties:
+        mask = torch.zeros(logits.shape[-1], dtype=torch.bool)
+        mask[submitted.prompt] = True
+        logits = apply_penalties(logits, mask, want.token_ids[:j], params)
+    return bool(logits[want.token_ids[j]] - logits[mine.token_ids[j]] < TIE)
 
 
 def check_invariants(engine: LLMEngine) -> None:

@@ -1,10 +1,14 @@
-"""`LLMEngine`: model + worker + KV-cache manager + scheduler + runner behind `generate`."""
+"""`LLMEngine`: model + worker + KV-cache manager + scheduler + runner behind `generate`, `stream`
+and a step-by-step serving loop, with vLLM-shaped outputs (`RequestOutput`, `CompletionOutput`,
+`Logprob`) and stream deltas (`StreamDelta`)."""
 
 from __future__ import annotations
 
+import operator
 import re
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -14,9 +18,10 @@ from unified_attn.managers import KVCacheManager
 from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.memory import parse_memory
-from unified_attn.runner.model_runner import ModelRunner
+from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
-from unified_attn.runner.scheduler import Scheduler
+from unified_attn.runner.sampler import TokenLogprobs
+from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
@@ -27,7 +32,7 @@ class EngineConfig:
 
     model: str = "tiny-llama"
     device: str = "cpu"
-    backend: str | None = None
+    backend: str | type | None = None  # a name, `module:Class`, or a backend class
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     block_size: int | None = None
     kv_cache_memory: int | str | None = "64MiB"  # None on CUDA: a fraction of free memory
@@ -41,9 +46,79 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
 
 
+# vLLM options people pass out of habit, with what to do here instead.
+_VLLM_OPTION_HINTS = {
+    "tensor_parallel_size": "an engine runs on one device",
+    "pipeline_parallel_size": "an engine runs on one device",
+    "enforce_eager": "pass cuda_graphs=False to run decode steps eagerly",
+    "trust_remote_code": "checkpoints load without remote code",
+    "tokenizer": "the tokenizer comes with the model (preset or checkpoint directory)",
+}
+
+
+def check_engine_options(kwargs: Mapping[str, Any]) -> None:
+    """Refuse options `EngineConfig` does not have, naming them and listing the ones it has."""
+    known = sorted(f.name for f in attrs.fields(EngineConfig) if f.name != "model")
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        name = unknown[0]
+        hint = f" ({_VLLM_OPTION_HINTS[name]})" if name in _VLLM_OPTION_HINTS else ""
+        raise ValueError(
+            f"LLMEngine: unknown option {name!r}{hint}; the options are {', '.join(known)}"
+        )
+
+
+# ---- outputs -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Logprob:
+    """vLLM's `Logprob`: a token's log-probability under the model's raw logits (before penalties
+    and temperature), its rank in the vocabulary (1 = the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# per generated token: token id -> Logprob, the sampled token first, then the top-k
+SampleLogprobs = list[dict[int, Logprob]]
+
+
+@attrs.define
+class CompletionOutput:
+    """One generated sequence of a request (vLLM's `CompletionOutput`): `outputs[index]`.
+
+    `token_ids` holds every sampled token, a stop token included; `text` leaves out a stop token
+    (or EOS) that ended the sequence and is cut before a stop string. `text` is None for a model
+    without a tokenizer; `logprobs` and `cumulative_logprob` are None unless
+    `SamplingParams.logprobs` was set, `logits` unless `return_logits` was.
+    """
+
+    index: int
+    text: str | None
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: SampleLogprobs | None = None
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
 @attrs.define
 class RequestOutput:
-    """A finished request: its tokens, why it stopped, and the logits it asked for."""
+    """A finished request, shaped like vLLM's: `request_id`, `prompt` (the text, when given as
+    text), `prompt_token_ids`, `outputs` (one `CompletionOutput` per `SamplingParams.n`) and
+    `finished`.
+
+    The first completion's fields are also kept flat for the engine's callers:
+    `output_token_ids`, `text`, `finish_reason` and `logits` are `outputs[0]`'s.
+    `num_preemptions` counts over all completions; `prompt_logits` (`[prompt_len, vocab]`
+    float32) comes with `SamplingParams.prompt_logits`.
+    """
 
     request_id: str
     prompt_token_ids: list[int]
@@ -53,6 +128,29 @@ class RequestOutput:
     num_preemptions: int = 0
     prompt_logits: torch.Tensor | None = None  # [prompt_len, vocab] float32, if asked for
     logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
+    prompt: str | None = None
+    outputs: list[CompletionOutput] = attrs.Factory(list)
+    finished: bool = True
+
+
+@attrs.frozen
+class StreamDelta:
+    """What one step added to one completion of a streamed request: new token ids, the new text
+    (None without a tokenizer; text that may still turn into a stop string is held back until
+    it cannot), their log-probabilities if asked for, and on the completion's last delta its
+    `finish_reason` and `stop_reason`."""
+
+    request_id: str
+    index: int  # which of the request's `n` completions
+    token_ids: list[int]
+    text: str | None
+    logprobs: SampleLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @attrs.define
@@ -70,6 +168,109 @@ class EngineStats:
         return 1e3 * self.step_time_s / self.steps if self.steps else 0.0
 
 
+# ---- the engine's per-request state ------------------------------------------------------------
+
+
+class _TextState:
+    """Incremental detokenization of one completion, with its stop strings.
+
+    vLLM's prefix and read offsets: a token's text is added once the tokens read so far decode
+    to whole characters (no trailing U+FFFD), decoding only a window that starts one read
+    earlier, so tokenizers that glue tokens together see them in context. The final call adds
+    whatever is left. Stop strings are looked for in the new text (and the `len(stop) - 1`
+    characters before it) once the output has more than `min_tokens` tokens; a hit cuts the
+    text before it and freezes it.
+    """
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], min_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.min_tokens = min_tokens
+        # characters a stream holds back: they could still be the start of a stop string
+        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.sent = 0  # characters already streamed
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.stop_string: str | None = None
+
+    def add(self, token_ids: list[int], num_output_tokens: int, *, final: bool) -> None:
+        if self.stop_string is not None:
+            return
+        self.token_ids.extend(token_ids)
+        before = len(self.text)
+        self._decode(final)
+        if self.stop and num_output_tokens > self.min_tokens:
+            self._find_stop(before)
+
+    def _decode(self, final: bool) -> None:
+        ids = self.token_ids
+        prefix_text = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset])
+        new_text = self.tokenizer.decode(ids[self.prefix_offset :])
+        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
+            self.text += new_text[len(prefix_text) :]
+            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
+
+    def _find_stop(self, before: int) -> None:
+        """vLLM's rule: the first stop string of the list found in the new text wins."""
+        for stop in self.stop:
+            index = self.text.find(stop, max(0, before - len(stop) + 1))
+            if index != -1:
+                self.stop_string = stop
+                self.text = self.text[:index]
+                return
+
+    def delta(self, finished: bool) -> str:
+        """Text not streamed yet, less what could still become a stop string."""
+        end = len(self.text)
+        if not finished and self.stop_string is None:
+            end = max(self.sent, end - self.holdback)
+        out, self.sent = self.text[self.sent : end], end
+        return out
+
+
+@attrs.define(eq=False)
+class _Sequence:
+    """One completion: its scheduler request and what the engine gathered for it so far."""
+
+    parent_id: str
+    index: int
+    request: Request
+    text: _TextState | None  # None without a tokenizer
+    incremental: bool  # text read step by step (stop strings, streams), else once at the end
+    logprobs: SampleLogprobs | None
+    cumulative_logprob: float | None
+    prompt_logits: list[torch.Tensor] = attrs.Factory(list)
+    sample_logits: list[torch.Tensor] = attrs.Factory(list)
+    num_seen: int = 0  # output tokens already gathered
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@attrs.define(eq=False)
+class _Parent:
+    """A request as its caller sees it: one id, one prompt, `n` sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[_Sequence] = attrs.Factory(list)
+
+    @property
+    def done(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
+
+
+@attrs.frozen
+class _Prompt:
+    """A validated prompt: its token ids, its text if given as text, and its parameters."""
+
+    token_ids: list[int]
+    text: str | None
+    params: SamplingParams
+
+
 _AUTO_ID = re.compile(r"req-(\d+)")
 
 _FINISH_REASONS = {
@@ -78,18 +279,27 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_ABORTED: "abort",
 }
 
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+
+PromptType = str | Sequence[int] | Mapping[str, Any]
+
 
 class LLMEngine:
-    """A model on one device behind `generate`, or driven step by step.
+    """A model on one device behind `generate` and `stream`, or driven step by step.
 
     Construction loads the model (a preset or a Hugging Face checkpoint directory) with the
     selected backends, lets the worker plan, size and allocate the KV cache, and builds the
     `KVCacheManager`, the `Scheduler` and the `ModelRunner`. Then either `generate(prompts,
-    params)` runs prompts to completion, or a serving loop calls `add_request`,
-    `abort_request` and `step()`. Bad input raises `ValueError` before any state changes.
+    params)` runs prompts to completion, `stream(prompts, params)` yields what every step adds,
+    or a serving loop calls `add_request`, `abort_request` and `step()`. A prompt is text, token
+    ids, or a dict `{"prompt": text}` / `{"prompt_token_ids": ids}`. A request with
+    `SamplingParams.n > 1` runs as `n` scheduler requests (`<id>#0`, `<id>#1`, ...) sharing the
+    prompt's prefix cache, gathered into one `RequestOutput`. Bad input raises `ValueError`
+    before any state changes.
     """
 
     def __init__(self, model: str = "tiny-llama", **kwargs: Any) -> None:
+        check_engine_options(kwargs)
         self.config = config = EngineConfig(model=model, **kwargs)
         self.device = resolve_device(config.device)
         source = load_model(config)
@@ -134,14 +344,18 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             seed=config.seed,
             cuda_graphs=config.cuda_graphs,
+            eos_token_ids=source.eos_token_ids,
         )
         self.stats = EngineStats()
         self._next_id = 0
         self._caller_numbers: set[int] = set()  # N of caller ids `req-N` the counter must skip
-        # Outputs of requests that `generate` saw finish but did not add: `step` returns them.
-        self._pending_outputs: list[RequestOutput] = []
-        # request id -> (prompt logits parts, generated-token logits)
-        self._logits: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        self._parents: dict[str, _Parent] = {}  # unfinished requests, by the id callers know
+        self._sequences: dict[str, _Sequence] = {}  # their scheduler requests, by request id
+        # Finished requests' outputs not handed out yet: `step` returns them, `generate` takes
+        # its own.
+        self._outputs: list[RequestOutput] = []
+        # Streamed requests: request id -> the queue of its stream (one queue per `stream`).
+        self._stream_queues: dict[str, deque[StreamDelta]] = {}
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -150,52 +364,98 @@ class LLMEngine:
         return self.worker.report()
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Text through the tokenizer, or token ids as a list of ints."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer: pass token ids instead of text")
             return list(self.tokenizer.encode(prompt))
-        return [int(t) for t in prompt]
+        if isinstance(prompt, (bytes, Mapping)) or not isinstance(prompt, Sequence):
+            raise ValueError(
+                f"a prompt must be text, a list of token ids or a dict with one of "
+                f"{list(_PROMPT_KEYS)}, got {type(prompt).__name__}"
+            )
+        ids: list[Any] = list(prompt)
+        bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__")]
+        if bad:
+            raise ValueError(f"token ids must be ints, got {bad[0]!r} in the prompt")
+        return [operator.index(t) for t in ids]
 
     def add_request(
         self,
-        prompt: str | Sequence[int],
+        prompt: PromptType,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id. Bad input raises before any state
-        changes, so the engine stays usable."""
-        token_ids = self.encode(prompt)
-        if request_id is None:
-            request_id = self._new_request_id()
-        self._check_prompt(f"request {request_id}", token_ids)
-        self._reserve_caller_id(request_id)
-        params = params or SamplingParams()
-        request = Request(
-            request_id,
-            token_ids,
-            block_hasher=self.kv_cache_manager.make_block_hasher(),
-            cache_salt=cache_salt,
-            sampling_params=params,
-        )
-        request.skip_reading_prefix_cache = params.prompt_logits
-        self.scheduler.add_request(request)
-        self._logits[request_id] = ([], [])
-        return request_id
+        """Validate and queue a request; returns its id (the one `step()`'s output, `abort_request`
+        and `unfinished_request_ids()` use). Bad input raises before any state changes, so the
+        engine stays usable."""
+        if request_id is not None and not (isinstance(request_id, str) and request_id):
+            raise ValueError(
+                f"add_request: request_id must be a non-empty str or None (the engine picks "
+                f"one), got {request_id!r}"
+            )
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"add_request: cache_salt must be a str or None, got {cache_salt!r}")
+        what = "add_request" if request_id is None else f"request {request_id}"
+        prepared = self._prepare(what, prompt, params)
+        return self._add(prepared, request_id, cache_salt, None)
 
-    def _new_request_id(self) -> str:
-        """`req-N` with a counter that skips every N a caller chose as `req-N` itself, so an
-        automatic id never equals an id a caller chose, now or earlier."""
-        while self._next_id in self._caller_numbers:
-            self._caller_numbers.discard(self._next_id)
-            self._next_id += 1
-        self._next_id += 1
-        return f"req-{self._next_id - 1}"
+    def abort_request(self, request_id: str) -> None:
+        """Stop an unfinished request (all its completions) and free its blocks. Its output,
+        with the tokens generated so far and `finish_reason="abort"`, comes from the next
+        `step()` (or, if `generate` or `stream` runs it, from there). An id that is not an
+        unfinished request of this engine raises `ValueError`."""
+        parent = self._parents.get(request_id)
+        if parent is None:
+            raise ValueError(
+                f"abort_request: no unfinished request has id {request_id!r} (it finished, was "
+                "aborted or was never added); pass an id from unfinished_request_ids()"
+            )
+        for seq in parent.sequences:
+            if seq.finish_reason is None:
+                self.scheduler.abort_request(seq.request.request_id)
+                seq.finish_reason = "abort"
+                if seq.incremental:
+                    self._read_text(seq, [], finished_now=True)
+                self._stream(seq, [], [] if seq.logprobs is not None else None)
+        self._finish(parent)
 
-    def _reserve_caller_id(self, request_id: str) -> None:
-        match = _AUTO_ID.fullmatch(request_id)
-        if match and int(match.group(1)) >= self._next_id:
-            self._caller_numbers.add(int(match.group(1)))
+    def unfinished_request_ids(self) -> list[str]:
+        """Ids of the requests still running or waiting, in the order they were added."""
+        return list(self._parents)
+
+    def has_unfinished_requests(self) -> bool:
+        """Requests still to run, or finished ones whose output `step()` has not returned yet."""
+        return self.scheduler.has_unfinished() or bool(self._outputs)
+
+    def _prepare(self, what: str, prompt: Any, params: Any) -> _Prompt:
+        params = SamplingParams() if params is None else params
+        self._check_params(what, params)
+        text, token_ids = self._read_prompt(what, prompt)
+        self._check_prompt(what, token_ids)
+        return _Prompt(token_ids, text, params)
+
+    def _read_prompt(self, what: str, prompt: Any) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) of a prompt given as text, ids or a vLLM-style dict."""
+        if isinstance(prompt, Mapping):
+            keys = [k for k in _PROMPT_KEYS if k in prompt]
+            extra = sorted(set(prompt) - set(_PROMPT_KEYS))
+            if len(keys) != 1 or extra:
+                raise ValueError(
+                    f"{what}: a prompt dict needs exactly one of {list(_PROMPT_KEYS)} and nothing "
+                    f"else, got the keys {sorted(prompt)}"
+                )
+            prompt = prompt[keys[0]]
+            if keys[0] == "prompt" and not isinstance(prompt, str):
+                raise ValueError(f"{what}: 'prompt' must be text, got {type(prompt).__name__}")
+            if keys[0] == "prompt_token_ids" and isinstance(prompt, str):
+                raise ValueError(f"{what}: 'prompt_token_ids' must be token ids, got text")
+        try:
+            token_ids = self.encode(prompt)
+        except ValueError as error:
+            raise ValueError(f"{what}: {error}") from None
+        return (prompt if isinstance(prompt, str) else None), token_ids
 
     def _check_prompt(self, what: str, token_ids: list[int]) -> None:
         if not token_ids:
@@ -212,25 +472,255 @@ class LLMEngine:
                 f"{what}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
 
-    def abort_request(self, request_id: str) -> None:
-        self.scheduler.abort_request(request_id)
-        self._logits.pop(request_id, None)
+    def _check_params(self, what: str, params: Any) -> None:
+        """What `SamplingParams` cannot check alone: it needs the model's tokenizer or vocab."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(
+                f"{what}: expected SamplingParams, got {type(params).__name__}; build one with "
+                "SamplingParams(max_tokens=..., ...)"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError(
+                f"{what}: SamplingParams.stop={list(params.stop)} needs a tokenizer to read the "
+                "text and this model has none; use stop_token_ids, or a checkpoint that ships "
+                "tokenizer files"
+            )
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"{what}: SamplingParams.stop_token_ids holds {bad[0]}, outside the vocabulary "
+                f"[0, {self.vocab_size}); drop it"
+            )
+        if params.logprobs is not None and params.logprobs > self.vocab_size:
+            raise ValueError(
+                f"{what}: SamplingParams.logprobs={params.logprobs} exceeds the vocabulary size "
+                f"{self.vocab_size}; ask for at most {self.vocab_size}"
+            )
+
+    def _add(
+        self,
+        prompt: _Prompt,
+        request_id: str | None,
+        cache_salt: str | None,
+        queue: deque[StreamDelta] | None,
+    ) -> str:
+        """Queue a validated prompt as `n` scheduler requests; `queue` streams it."""
+        if request_id is None:
+            request_id = self._new_request_id()
+        n = prompt.params.n
+        child_ids = [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
+        self._check_ids(request_id, child_ids)
+        self._reserve_caller_id(request_id)
+        parent = _Parent(request_id, prompt.text, prompt.token_ids)
+        for index, child_id in enumerate(child_ids):
+            params = _child_params(prompt.params, index)
+            request = Request(
+                child_id,
+                prompt.token_ids,
+                block_hasher=self.kv_cache_manager.make_block_hasher(),
+                cache_salt=cache_salt,
+                sampling_params=params,
+            )
+            request.skip_reading_prefix_cache = params.prompt_logits
+            self.scheduler.add_request(request)
+            seq = self._new_sequence(request_id, index, request, streamed=queue is not None)
+            parent.sequences.append(seq)
+            self._sequences[child_id] = seq
+        self._parents[request_id] = parent
+        if queue is not None:
+            self._stream_queues[request_id] = queue
+        return request_id
+
+    def _check_ids(self, request_id: str, child_ids: list[str]) -> None:
+        taken = [i for i in child_ids if i in self.scheduler.requests]
+        if request_id in self._parents or taken:
+            raise ValueError(
+                f"request id {(taken or [request_id])[0]!r} is already in use; pick another id "
+                "or let the engine choose one"
+            )
+
+    def _new_sequence(
+        self, parent_id: str, index: int, request: Request, *, streamed: bool
+    ) -> _Sequence:
+        params: SamplingParams = request.sampling_params
+        text = None
+        if self.tokenizer is not None:
+            text = _TextState(self.tokenizer, params.stop, params.min_tokens)
+        wants_logprobs = params.logprobs is not None
+        return _Sequence(
+            parent_id,
+            index,
+            request,
+            text,
+            incremental=streamed or bool(params.stop),
+            logprobs=[] if wants_logprobs else None,
+            cumulative_logprob=0.0 if wants_logprobs else None,
+        )
+
+    def _new_request_id(self) -> str:
+        """`req-N` with a counter that skips every N a caller chose as `req-N` itself, so an
+        automatic id never equals an id a caller chose, now or earlier."""
+        while self._next_id in self._caller_numbers:
+            self._caller_numbers.discard(self._next_id)
+            self._next_id += 1
+        self._next_id += 1
+        return f"req-{self._next_id - 1}"
+
+    def _reserve_caller_id(self, request_id: str) -> None:
+        match = _AUTO_ID.fullmatch(request_id)
+        if match and int(match.group(1)) >= self._next_id:
+            self._caller_numbers.add(int(match.group(1)))
 
     # ---- running -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; returns the outputs of requests that finished in it, and of
-        requests that finished while `generate` was driving the engine for other prompts."""
-        pending, self._pending_outputs = self._pending_outputs, []
-        return pending + self._step()
+        """Run one scheduler step; returns the outputs of requests that finished in it, of
+        requests aborted since the last step, and of requests that finished while `generate`
+        or `stream` was driving the engine for other prompts."""
+        self._step()
+        outputs, self._outputs = self._outputs, []
+        return outputs
 
-    def _step(self) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in input order.
+
+        Returns exactly these prompts' outputs. Requests added earlier with `add_request` keep
+        running alongside; their outputs, if they finish meanwhile, come from the next `step()`.
+        Every prompt is validated before any is queued; if stepping raises (or is interrupted),
+        these prompts' requests are aborted and the others are left as they were.
+        """
+        batch = self._batch("generate", prompts, params)
+        ids: list[str] = []
+        done: dict[str, RequestOutput] = {}
+        try:
+            for prompt in batch:
+                ids.append(self._add(prompt, None, None, None))
+            while True:
+                self._take_outputs(set(ids), done)
+                if len(done) == len(ids):
+                    return [done[i] for i in ids]
+                self._check_progress("generate", set(ids) - done.keys())
+                self._step()
+        except BaseException:
+            self._drop(set(ids) - done.keys())
+            raise
+
+    def stream(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamDelta]:
+        """Run prompts, yielding a `StreamDelta` per completion for every step that adds to it.
+
+        Like vLLM's `AsyncLLM.generate` with delta outputs, but synchronous: iterating steps the
+        engine, so requests added with `add_request` (and other streams) progress alongside.
+        Prompts are validated now; they are queued when iteration starts. A completion's last
+        delta has its `finish_reason` ("abort" if `abort_request` stopped it); the iterator
+        ends when every completion of these prompts has finished. Closing it early (or an
+        error while stepping) aborts its unfinished requests.
+        """
+        return self._run_stream(self._batch("stream", prompts, params))
+
+    def _run_stream(self, batch: list[_Prompt]) -> Iterator[StreamDelta]:
+        queue: deque[StreamDelta] = deque()
+        ids: list[str] = []
+        try:
+            for prompt in batch:
+                ids.append(self._add(prompt, None, None, queue))
+            remaining = sum(prompt.params.n for prompt in batch)
+            while remaining:
+                if not queue:
+                    self._check_progress("stream", set(ids) & self._parents.keys())
+                    self._step()
+                    continue
+                delta = queue.popleft()
+                remaining -= delta.finished
+                yield delta
+        finally:
+            self._drop({i for i in ids if i in self._parents})
+            for request_id in ids:
+                self._stream_queues.pop(request_id, None)
+
+    def _batch(self, what: str, prompts: Any, params: Any) -> list[_Prompt]:
+        """Every prompt read and validated, with its parameters, before any is queued."""
+        if _is_single_prompt(prompts):
+            batch: list[Any] = [prompts]
+        elif isinstance(prompts, Iterable) and not isinstance(prompts, bytes):
+            batch = list(prompts)
+        else:
+            raise ValueError(
+                f"{what}: prompts must be a prompt or a list of prompts, got "
+                f"{type(prompts).__name__}"
+            )
+        if params is None or isinstance(params, SamplingParams):
+            all_params = [params] * len(batch)
+        elif isinstance(params, Sequence):
+            all_params = list(params)
+        else:
+            raise ValueError(
+                f"{what}: expected SamplingParams or a list of them, got {type(params).__name__}"
+            )
+        if len(all_params) != len(batch):
+            raise ValueError(
+                f"{what}: got {len(all_params)} SamplingParams for {len(batch)} prompts; "
+                "pass one SamplingParams, or one per prompt"
+            )
+        return [
+            self._prepare(f"{what}: prompt {i}", prompt, sp)
+            for i, (prompt, sp) in enumerate(zip(batch, all_params, strict=True))
+        ]
+
+    def _check_progress(self, what: str, waiting_for: set[str]) -> None:
+        if not self.scheduler.has_unfinished():
+            raise RuntimeError(f"{what}: requests {sorted(waiting_for)} ended without an output")
+
+    def _take_outputs(self, wanted: set[str], done: dict[str, RequestOutput]) -> None:
+        keep = []
+        for out in self._outputs:
+            if out.request_id in wanted:
+                done[out.request_id] = out
+            else:
+                keep.append(out)
+        self._outputs = keep
+
+    def _drop(self, request_ids: set[str]) -> None:
+        """Abort requests whose caller is gone (an interrupted `generate`, a closed stream);
+        their outputs go nowhere."""
+        for request_id in request_ids:
+            parent = self._parents.pop(request_id, None)
+            for seq in parent.sequences if parent else ():
+                self.scheduler.abort_request(seq.request.request_id)
+                self._sequences.pop(seq.request.request_id, None)
+        self._outputs = [o for o in self._outputs if o.request_id not in request_ids]
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def _step(self) -> None:
         start = time.perf_counter()
         output = self.scheduler.schedule()
         result = self.runner.execute(output)
+        finished = self.scheduler.update_from_output(output, result.sampled)
+        self._count(output, result, start)
         self._keep_logits(output, result)
-        sampled = result.sampled
-        finished = self.scheduler.update_from_output(output, sampled)
+        finished_ids = {r.request_id for r in finished}
+        touched: dict[str, _Parent] = {}
+        for entry in output.scheduled:
+            seq = self._sequences.get(entry.request.request_id)
+            if seq is None:
+                continue
+            finished_now = seq.request.request_id in finished_ids
+            if finished_now or seq.request.num_output_tokens > seq.num_seen:
+                self._advance(seq, result, finished_now)
+                touched[seq.parent_id] = self._parents[seq.parent_id]
+        for parent in touched.values():
+            if parent.done:
+                self._finish(parent)
+
+    def _count(self, output: SchedulerOutput, result: StepResult, start: float) -> None:
         stats = self.stats
         stats.steps += 1
         stats.step_time_s += time.perf_counter() - start
@@ -239,79 +729,132 @@ class LLMEngine:
                 stats.decode_tokens += entry.num_new_tokens
             else:
                 stats.prefill_tokens += entry.num_new_tokens
-        stats.generated_tokens += len(sampled)
-        return [self._output(r) for r in finished]
+        stats.generated_tokens += len(result.sampled)
 
-    def _keep_logits(self, output, result) -> None:
+    def _keep_logits(self, output: SchedulerOutput, result: StepResult) -> None:
         for request in output.preempted:
-            self._logits[request.request_id][0].clear()  # the prompt is recomputed
+            seq = self._sequences.get(request.request_id)
+            if seq is not None:
+                seq.prompt_logits.clear()  # the prompt is recomputed
         for rid, rows in result.prompt_logits.items():
-            self._logits[rid][0].append(rows)
+            self._sequences[rid].prompt_logits.append(rows)
         for rid, row in result.sample_logits.items():
-            self._logits[rid][1].append(row)
+            self._sequences[rid].sample_logits.append(row)
 
-    def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+    def _advance(self, seq: _Sequence, result: StepResult, finished_now: bool) -> None:
+        """Gather a sequence's new tokens: log-probabilities, finish, text and stop strings, and
+        its stream's delta."""
+        request = seq.request
+        new = request.output_token_ids[seq.num_seen :]
+        seq.num_seen = request.num_output_tokens
+        new_logprobs = self._gather_logprobs(seq, result.logprobs.get(request.request_id))
+        if finished_now:
+            seq.finish_reason = _FINISH_REASONS[request.status]
+            seq.stop_reason = request.stop_reason
+        if seq.incremental:
+            self._read_text(seq, new, finished_now)
+        self._stream(seq, new, new_logprobs)
 
-    def generate(
-        self,
-        prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[RequestOutput]:
-        """Run prompts (text or token ids) to completion; outputs in input order.
+    def _gather_logprobs(self, seq: _Sequence, lp: TokenLogprobs | None) -> SampleLogprobs | None:
+        if seq.logprobs is None or seq.cumulative_logprob is None:
+            return None
+        if lp is None:
+            return []
+        entry = {lp.token_id: Logprob(lp.logprob, lp.rank, self._decode_token(lp.token_id))}
+        pairs = zip(lp.top_token_ids, lp.top_logprobs, strict=True)
+        for rank, (token_id, value) in enumerate(pairs, start=1):
+            entry.setdefault(token_id, Logprob(value, rank, self._decode_token(token_id)))
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += lp.logprob
+        return [entry]
 
-        Returns exactly these prompts' outputs. Requests added earlier with `add_request` keep
-        running alongside; their outputs, if they finish meanwhile, come from the next `step()`.
-        Every prompt is validated before any is queued; if stepping raises (or is interrupted),
-        these prompts' requests are aborted and the others are left as they were.
-        """
-        batch: list[Any] = [prompts] if _is_single_prompt(prompts) else list(prompts)
-        all_params = params if isinstance(params, Sequence) else [params] * len(batch)
-        if len(all_params) != len(batch):
-            raise ValueError(
-                f"generate: got {len(all_params)} SamplingParams for {len(batch)} prompts; "
-                "pass one SamplingParams, or one per prompt"
+    def _decode_token(self, token_id: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
+
+    def _read_text(self, seq: _Sequence, new: list[int], finished_now: bool) -> None:
+        """Add new tokens to the text (a token that stopped the sequence stays out of it); a
+        stop string found there stops the sequence."""
+        state, request = seq.text, seq.request
+        if state is None:
+            return
+        by_token = finished_now and request.status == RequestStatus.FINISHED_STOPPED
+        state.add(new[:-1] if by_token else new, request.num_output_tokens, final=finished_now)
+        if state.stop_string is None or seq.finish_reason == "abort":
+            return
+        if not finished_now:
+            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
+        request.stop_reason = seq.stop_reason = state.stop_string
+        seq.finish_reason = "stop"  # also when a length cap ended it in the same step, as vLLM
+
+    def _stream(self, seq: _Sequence, new: list[int], logprobs: SampleLogprobs | None) -> None:
+        queue = self._stream_queues.get(seq.parent_id)
+        if queue is None:
+            return
+        finished = seq.finish_reason is not None
+        text = None if seq.text is None else seq.text.delta(finished)
+        queue.append(
+            StreamDelta(
+                seq.parent_id, seq.index, new, text, logprobs, seq.finish_reason, seq.stop_reason
             )
-        token_lists = [self.encode(prompt) for prompt in batch]
-        for i, token_ids in enumerate(token_lists):  # nothing is queued unless all are valid
-            self._check_prompt(f"generate: prompt {i}", token_ids)
-        ids = [self.add_request(t, sp) for t, sp in zip(token_lists, all_params, strict=True)]
-        wanted = set(ids)
-        done: dict[str, RequestOutput] = {}
-        try:
-            while len(done) < len(ids):
-                if not self.has_unfinished_requests():
-                    missing = sorted(wanted - done.keys())
-                    raise RuntimeError(f"generate: requests {missing} ended without an output")
-                for out in self._step():
-                    if out.request_id in wanted:
-                        done[out.request_id] = out
-                    else:
-                        self._pending_outputs.append(out)
-        except BaseException:
-            for request_id in wanted - done.keys():
-                self.abort_request(request_id)
-            raise
-        return [done[i] for i in ids]
+        )
 
-    def _output(self, request: Request) -> RequestOutput:
-        text = None
-        if self.tokenizer is not None:
-            text = self.tokenizer.decode(request.output_token_ids)
-        prompt_parts, sample_rows = self._logits.pop(request.request_id, ([], []))
+    def _finish(self, parent: _Parent) -> None:
+        """Forget a finished request; its output goes to `step()` (a stream had its deltas)."""
+        del self._parents[parent.request_id]
+        for seq in parent.sequences:
+            self._sequences.pop(seq.request.request_id, None)
+        if parent.request_id not in self._stream_queues:
+            self._outputs.append(self._request_output(parent))
+
+    # ---- outputs -------------------------------------------------------------------------------
+
+    def _request_output(self, parent: _Parent) -> RequestOutput:
+        outputs = [self._completion(seq) for seq in parent.sequences]
+        first, prompt_parts = outputs[0], parent.sequences[0].prompt_logits
         return RequestOutput(
-            request.request_id,
-            request.prompt_token_ids,
-            request.output_token_ids,
-            _FINISH_REASONS.get(request.status),
-            text,
-            request.num_preemptions,
+            parent.request_id,
+            parent.prompt_token_ids,
+            first.token_ids,
+            first.finish_reason,
+            first.text,
+            sum(seq.request.num_preemptions for seq in parent.sequences),
             torch.cat(prompt_parts) if prompt_parts else None,
-            torch.stack(sample_rows) if sample_rows else None,
+            first.logits,
+            prompt=parent.prompt,
+            outputs=outputs,
+        )
+
+    def _completion(self, seq: _Sequence) -> CompletionOutput:
+        request = seq.request
+        if seq.text is not None and not seq.incremental:
+            ids = request.output_token_ids
+            if seq.finish_reason == "stop":  # ended by EOS or a stop token: not in the text
+                ids = ids[:-1]
+            seq.text.add(ids, request.num_output_tokens, final=True)
+        return CompletionOutput(
+            seq.index,
+            None if seq.text is None else seq.text.text,
+            request.output_token_ids,
+            seq.cumulative_logprob,
+            seq.logprobs,
+            seq.finish_reason,
+            seq.stop_reason,
+            torch.stack(seq.sample_logits) if seq.sample_logits else None,
         )
 
 
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Completion `index` of `n`: one sequence, seeded `seed + index`."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else params.seed + index
+    return attrs.evolve(params, n=1, seed=seed)
+
+
 def _is_single_prompt(prompts: Any) -> bool:
-    return isinstance(prompts, str) or (
-        isinstance(prompts, Sequence) and bool(prompts) and isinstance(prompts[0], int)
+    return isinstance(prompts, (str, Mapping)) or (
+        isinstance(prompts, Sequence)
+        and bool(prompts)
+        and isinstance(prompts[0], int)
+        and not isinstance(prompts[0], bool)
     )

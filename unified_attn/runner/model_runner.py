@@ -11,7 +11,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
-from unified_attn.runner.sampler import Sampler
+from unified_attn.runner.sampler import Sampler, TokenLogprobs
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
 from unified_attn.utils import cdiv
@@ -43,9 +43,11 @@ class _HostLayout:
 
 @attrs.define
 class StepResult:
-    """What a step produced: sampled tokens and the logits requests asked for (host)."""
+    """What a step produced: sampled tokens, and the log-probabilities and logits requests asked
+    for (host)."""
 
     sampled: dict[str, int] = attrs.Factory(dict)
+    logprobs: dict[str, TokenLogprobs] = attrs.Factory(dict)  # `SamplingParams.logprobs` set
     prompt_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # rows of this step's prompt
     sample_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # the sampled row
 
@@ -109,13 +111,14 @@ class ModelRunner:
         max_model_len: int,
         seed: int = 0,
         cuda_graphs: bool = False,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.model = model
         self.device = torch.device(device)
         self.block_sizes = [g.block_size for g in plan.groups]
         self.block_tables = BlockTables(self.block_sizes, max_num_seqs, max_model_len)
         self.backend_groups = backend_group_ids(plan)
-        self.sampler = Sampler(self.device, seed)
+        self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.graphs: DecodeGraphs | None = None
         graphs_supported = bool(self.backend_groups) and all(
             type(b).supports_cuda_graphs() for b, _ in self.backend_groups
@@ -134,8 +137,8 @@ class ModelRunner:
             self.graphs.capture()
 
     def execute(self, output: SchedulerOutput) -> StepResult:
-        """Run one step: sampled tokens of requests that reached their end, and logits asked for
-        through `SamplingParams.prompt_logits` / `return_logits`."""
+        """Run one step: sampled tokens of requests that reached their end, and what they asked
+        for through `SamplingParams.logprobs`, `prompt_logits` and `return_logits`."""
         preempted = {r.request_id for r in output.preempted}
         for request_id in output.finished_ids:
             self.block_tables.drop(request_id)
@@ -160,13 +163,15 @@ class ModelRunner:
                 self._collect_prompt_logits(output, common, hidden, result)
         if not inputs.sample_rows:
             return result
-        sampled = [s for s in output.scheduled if s.will_sample]
-        ids = [s.request.request_id for s in sampled]
-        params = [s.request.sampling_params for s in sampled]
-        tokens = self.sampler.sample(logits, ids, params)
-        result.sampled = dict(zip(ids, tokens, strict=True))
-        for i, (rid, p) in enumerate(zip(ids, params, strict=True)):
-            if p.return_logits:
+        requests = [s.request for s in output.scheduled if s.will_sample]
+        sampled = self.sampler.sample(logits, requests)
+        for i, request in enumerate(requests):
+            rid = request.request_id
+            result.sampled[rid] = sampled.tokens[i]
+            logprobs = sampled.logprobs[i]
+            if logprobs is not None:
+                result.logprobs[rid] = logprobs
+            if request.sampling_params.return_logits:
                 result.sample_logits[rid] = logits[i].cpu()
         return result
 

@@ -102,7 +102,17 @@ class Scheduler:
         self.waiting.append(request)
 
     def abort_request(self, request_id: str) -> Request | None:
-        """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
+        """Stop a request wherever it is and free its blocks; unknown ids are ignored (the engine
+        refuses them before they get here)."""
+        return self.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request wherever it is with a finished `status` (the engine stops requests whose
+        text reached a stop string) and free its blocks; unknown ids are ignored."""
+        if not status.is_finished:
+            raise ValueError(
+                f"finish_request({request_id!r}): status must be a finished one, got {status}"
+            )
         request = self.requests.get(request_id)
         if request is None:
             return None
@@ -110,7 +120,7 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._finish(request, status)
         return request
 
     def has_unfinished(self) -> bool:
@@ -207,17 +217,22 @@ class Scheduler:
         return finished
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
-        """vLLM's order: the length caps first, then eos (unless ignored), then stop tokens."""
+        """vLLM's order: the length caps first (`max_tokens=None`: only `max_model_len`), then,
+        once `min_tokens` are out, eos (unless ignored), then stop tokens (the token becomes the
+        request's `stop_reason`)."""
         params: SamplingParams = request.sampling_params
+        num_output = request.num_output_tokens
         if (
-            request.num_output_tokens >= params.max_tokens
-            or request.num_tokens >= self.max_model_len
-        ):
+            params.max_tokens is not None and num_output >= params.max_tokens
+        ) or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
+        if num_output < params.min_tokens:
+            return None
         token = request.output_token_ids[-1]
         if not params.ignore_eos and token in self.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if token in params.stop_token_ids:
+            request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
         return None
 
