@@ -38,14 +38,9 @@ from unified_attn.managers import (
     StreamingSinkManager,
 )
 from unified_attn.request import Request
-from unified_attn.runner.engine import (
-    CompletionOutput,
-    EngineConfig,
-    LLMEngine,
-    Logprob,
-    RequestOutput,
-    StreamDelta,
-)
+from unified_attn.runner.config import EngineConfig
+from unified_attn.runner.engine import LLMEngine
+from unified_attn.runner.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import SelectorConfig, register_backend, select_backend
 from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec

@@ -9,7 +9,7 @@ from unified_attn.harness.migration import (
     run_migration,
     source_lines,
 )
-from unified_attn.runner.engine import RequestOutput
+from unified_attn.runner.outputs import RequestOutput
 
 WRONG = "tests.harness.wrong_backends:"
 

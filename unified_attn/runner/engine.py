@@ -16,218 +16,25 @@ import torch
 
 from unified_attn.managers import KVCacheManager
 from unified_attn.request import Request, RequestStatus
+from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
+from unified_attn.runner.detokenizer import IncrementalText
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
+from unified_attn.runner.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestOutput,
+    SampleLogprobs,
+    StreamDelta,
+)
 from unified_attn.runner.sampler import TokenLogprobs
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
-
-@attrs.frozen
-class EngineConfig:
-    """Everything `LLMEngine(model, **kwargs)` accepts (see docs/architecture.md)."""
-
-    model: str = "tiny-llama"
-    device: str = "cpu"
-    backend: str | type | None = None  # a name, `module:Class`, or a backend class
-    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
-    block_size: int | None = None
-    kv_cache_memory: int | str | None = "64MiB"  # None on CUDA: a fraction of free memory
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    enable_prefix_caching: bool = True
-    batch_invariant: bool = False
-    seed: int = 0
-    cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
-
-
-# vLLM options people pass out of habit, with what to do here instead.
-_VLLM_OPTION_HINTS = {
-    "tensor_parallel_size": "an engine runs on one device",
-    "pipeline_parallel_size": "an engine runs on one device",
-    "enforce_eager": "pass cuda_graphs=False to run decode steps eagerly",
-    "trust_remote_code": "checkpoints load without remote code",
-    "tokenizer": "the tokenizer comes with the model (preset or checkpoint directory)",
-}
-
-
-def check_engine_options(kwargs: Mapping[str, Any]) -> None:
-    """Refuse options `EngineConfig` does not have, naming them and listing the ones it has."""
-    known = sorted(f.name for f in attrs.fields(EngineConfig) if f.name != "model")
-    unknown = sorted(set(kwargs) - set(known))
-    if unknown:
-        name = unknown[0]
-        hint = f" ({_VLLM_OPTION_HINTS[name]})" if name in _VLLM_OPTION_HINTS else ""
-        raise ValueError(
-            f"LLMEngine: unknown option {name!r}{hint}; the options are {', '.join(known)}"
-        )
-
-
-# ---- outputs -----------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Logprob:
-    """vLLM's `Logprob`: a token's log-probability under the model's raw logits (before penalties
-    and temperature), its rank in the vocabulary (1 = the most likely) and its text."""
-
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-# per generated token: token id -> Logprob, the sampled token first, then the top-k
-SampleLogprobs = list[dict[int, Logprob]]
-
-
-@attrs.define
-class CompletionOutput:
-    """One generated sequence of a request (vLLM's `CompletionOutput`): `outputs[index]`.
-
-    `token_ids` holds every sampled token, a stop token included; `text` leaves out a stop token
-    (or EOS) that ended the sequence and is cut before a stop string. `text` is None for a model
-    without a tokenizer; `logprobs` and `cumulative_logprob` are None unless
-    `SamplingParams.logprobs` was set, `logits` unless `return_logits` was.
-    """
-
-    index: int
-    text: str | None
-    token_ids: list[int]
-    cumulative_logprob: float | None = None
-    logprobs: SampleLogprobs | None = None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-    logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
-
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@attrs.define
-class RequestOutput:
-    """A finished request, shaped like vLLM's: `request_id`, `prompt` (the text, when given as
-    text), `prompt_token_ids`, `outputs` (one `CompletionOutput` per `SamplingParams.n`) and
-    `finished`.
-
-    The first completion's fields are also kept flat for the engine's callers:
-    `output_token_ids`, `text`, `finish_reason` and `logits` are `outputs[0]`'s.
-    `num_preemptions` counts over all completions; `prompt_logits` (`[prompt_len, vocab]`
-    float32) comes with `SamplingParams.prompt_logits`.
-    """
-
-    request_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    finish_reason: str | None
-    text: str | None = None
-    num_preemptions: int = 0
-    prompt_logits: torch.Tensor | None = None  # [prompt_len, vocab] float32, if asked for
-    logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
-    prompt: str | None = None
-    outputs: list[CompletionOutput] = attrs.Factory(list)
-    finished: bool = True
-
-
-@attrs.frozen
-class StreamDelta:
-    """What one step added to one completion of a streamed request: new token ids, the new text
-    (None without a tokenizer; text that may still turn into a stop string is held back until
-    it cannot), their log-probabilities if asked for, and on the completion's last delta its
-    `finish_reason` and `stop_reason`."""
-
-    request_id: str
-    index: int  # which of the request's `n` completions
-    token_ids: list[int]
-    text: str | None
-    logprobs: SampleLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@attrs.define
-class EngineStats:
-    """Counters over the engine's life: steps, tokens, time in `step`."""
-
-    steps: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    generated_tokens: int = 0
-    step_time_s: float = 0.0
-
-    @property
-    def mean_step_ms(self) -> float:
-        return 1e3 * self.step_time_s / self.steps if self.steps else 0.0
-
-
 # ---- the engine's per-request state ------------------------------------------------------------
-
-
-class _TextState:
-    """Incremental detokenization of one completion, with its stop strings.
-
-    vLLM's prefix and read offsets: a token's text is added once the tokens read so far decode
-    to whole characters (no trailing U+FFFD), decoding only a window that starts one read
-    earlier, so tokenizers that glue tokens together see them in context. The final call adds
-    whatever is left. Stop strings are looked for in the new text (and the `len(stop) - 1`
-    characters before it) once the output has more than `min_tokens` tokens; a hit cuts the
-    text before it and freezes it.
-    """
-
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...], min_tokens: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.min_tokens = min_tokens
-        # characters a stream holds back: they could still be the start of a stop string
-        self.holdback = max((len(s) for s in stop), default=1) - 1
-        self.token_ids: list[int] = []
-        self.text = ""
-        self.sent = 0  # characters already streamed
-        self.prefix_offset = 0
-        self.read_offset = 0
-        self.stop_string: str | None = None
-
-    def add(self, token_ids: list[int], num_output_tokens: int, *, final: bool) -> None:
-        if self.stop_string is not None:
-            return
-        self.token_ids.extend(token_ids)
-        before = len(self.text)
-        self._decode(final)
-        if self.stop and num_output_tokens > self.min_tokens:
-            self._find_stop(before)
-
-    def _decode(self, final: bool) -> None:
-        ids = self.token_ids
-        prefix_text = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset])
-        new_text = self.tokenizer.decode(ids[self.prefix_offset :])
-        if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
-            self.text += new_text[len(prefix_text) :]
-            self.prefix_offset, self.read_offset = self.read_offset, len(ids)
-
-    def _find_stop(self, before: int) -> None:
-        """vLLM's rule: the first stop string of the list found in the new text wins."""
-        for stop in self.stop:
-            index = self.text.find(stop, max(0, before - len(stop) + 1))
-            if index != -1:
-                self.stop_string = stop
-                self.text = self.text[:index]
-                return
-
-    def delta(self, finished: bool) -> str:
-        """Text not streamed yet, less what could still become a stop string."""
-        end = len(self.text)
-        if not finished and self.stop_string is None:
-            end = max(self.sent, end - self.holdback)
-        out, self.sent = self.text[self.sent : end], end
-        return out
 
 
 @attrs.define(eq=False)
@@ -237,7 +44,7 @@ class _Sequence:
     parent_id: str
     index: int
     request: Request
-    text: _TextState | None  # None without a tokenizer
+    text: IncrementalText | None  # None without a tokenizer
     incremental: bool  # text read step by step (stop strings, streams), else once at the end
     logprobs: SampleLogprobs | None
     cumulative_logprob: float | None
@@ -545,7 +352,7 @@ class LLMEngine:
         params: SamplingParams = request.sampling_params
         text = None
         if self.tokenizer is not None:
-            text = _TextState(self.tokenizer, params.stop, params.min_tokens)
+            text = IncrementalText(self.tokenizer, params.stop, params.min_tokens)
         wants_logprobs = params.logprobs is not None
         return _Sequence(
             parent_id,

@@ -8,7 +8,8 @@ import time
 import attrs
 
 from unified_attn.harness.migration.workload import Workload
-from unified_attn.runner.engine import LLMEngine, RequestOutput
+from unified_attn.runner.engine import LLMEngine
+from unified_attn.runner.outputs import RequestOutput
 from unified_attn.sampling_params import SamplingParams
 
 REQUIRED_COVERAGE = (

@@ -1,0 +1,66 @@
+"""`EngineConfig`: every option of `LLMEngine`, checked by name before anything is built, and
+`EngineStats`, the counters an engine keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class EngineConfig:
+    """Everything `LLMEngine(model, **kwargs)` accepts (see docs/architecture.md)."""
+
+    model: str = "tiny-llama"
+    device: str = "cpu"
+    backend: str | type | None = None  # a name, `module:Class`, or a backend class
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
+    block_size: int | None = None
+    kv_cache_memory: int | str | None = "64MiB"  # None on CUDA: a fraction of free memory
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    batch_invariant: bool = False
+    seed: int = 0
+    cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
+
+
+# vLLM options people pass out of habit, with what to do here instead.
+_VLLM_OPTION_HINTS = {
+    "tensor_parallel_size": "an engine runs on one device",
+    "pipeline_parallel_size": "an engine runs on one device",
+    "enforce_eager": "pass cuda_graphs=False to run decode steps eagerly",
+    "trust_remote_code": "checkpoints load without remote code",
+    "tokenizer": "the tokenizer comes with the model (preset or checkpoint directory)",
+}
+
+
+def check_engine_options(kwargs: Mapping[str, Any]) -> None:
+    """Refuse options `EngineConfig` does not have, naming them and listing the ones it has."""
+    known = sorted(f.name for f in attrs.fields(EngineConfig) if f.name != "model")
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        name = unknown[0]
+        hint = f" ({_VLLM_OPTION_HINTS[name]})" if name in _VLLM_OPTION_HINTS else ""
+        raise ValueError(
+            f"LLMEngine: unknown option {name!r}{hint}; the options are {', '.join(known)}"
+        )
+
+
+@attrs.define
+class EngineStats:
+    """Counters over the engine's life: steps, tokens, time in `step`."""
+
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    generated_tokens: int = 0
+    step_time_s: float = 0.0
+
+    @property
+    def mean_step_ms(self) -> float:
+        return 1e3 * self.step_time_s / self.steps if self.steps else 0.0

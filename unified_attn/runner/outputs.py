@@ -1,0 +1,89 @@
+"""What an engine hands back, shaped like vLLM's: `RequestOutput` with one `CompletionOutput` per
+completion, `Logprob`s, and the `StreamDelta`s of a stream."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+
+@attrs.frozen
+class Logprob:
+    """vLLM's `Logprob`: a token's log-probability under the model's raw logits (before penalties
+    and temperature), its rank in the vocabulary (1 = the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# per generated token: token id -> Logprob, the sampled token first, then the top-k
+SampleLogprobs = list[dict[int, Logprob]]
+
+
+@attrs.define
+class CompletionOutput:
+    """One generated sequence of a request (vLLM's `CompletionOutput`): `outputs[index]`.
+
+    `token_ids` holds every sampled token, a stop token included; `text` leaves out a stop token
+    (or EOS) that ended the sequence and is cut before a stop string. `text` is None for a model
+    without a tokenizer; `logprobs` and `cumulative_logprob` are None unless
+    `SamplingParams.logprobs` was set, `logits` unless `return_logits` was.
+    """
+
+    index: int
+    text: str | None
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: SampleLogprobs | None = None
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@attrs.define
+class RequestOutput:
+    """A finished request, shaped like vLLM's: `request_id`, `prompt` (the text, when given as
+    text), `prompt_token_ids`, `outputs` (one `CompletionOutput` per `SamplingParams.n`) and
+    `finished`.
+
+    The first completion's fields are also kept flat for the engine's callers:
+    `output_token_ids`, `text`, `finish_reason` and `logits` are `outputs[0]`'s.
+    `num_preemptions` counts over all completions; `prompt_logits` (`[prompt_len, vocab]`
+    float32) comes with `SamplingParams.prompt_logits`.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    finish_reason: str | None
+    text: str | None = None
+    num_preemptions: int = 0
+    prompt_logits: torch.Tensor | None = None  # [prompt_len, vocab] float32, if asked for
+    logits: torch.Tensor | None = None  # [num_generated, vocab] float32, if asked for
+    prompt: str | None = None
+    outputs: list[CompletionOutput] = attrs.Factory(list)
+    finished: bool = True
+
+
+@attrs.frozen
+class StreamDelta:
+    """What one step added to one completion of a streamed request: new token ids, the new text
+    (None without a tokenizer; text that may still turn into a stop string is held back until
+    it cannot), their log-probabilities if asked for, and on the completion's last delta its
+    `finish_reason` and `stop_reason`."""
+
+    request_id: str
+    index: int  # which of the request's `n` completions
+    token_ids: list[int]
+    text: str | None
+    logprobs: SampleLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
