@@ -1,14 +1,18 @@
 """The conformance suite's state cells pass the shipped state backend and fail wrong ones."""
 
 import pytest
+import torch
 
 from unified_attn.backends.linear_state import LinearStateBackend
 from unified_attn.harness.conformance import run_conformance
 from unified_attn.harness.conformance.state import STATE_GRID
 
+DEVICES = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
-def test_the_state_backend_passes_every_state_cell():
-    report = run_conformance("linear-state")
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_state_backend_passes_every_state_cell(device):
+    report = run_conformance("linear-state", device)
     assert report["ok"] and report["passed"] == len(STATE_GRID), report["cells"]
     checks = report["cells"][-1]["checks"]
     assert checks["cache config pure"] == checks["in-place output"] == "pass"
