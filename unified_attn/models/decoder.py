@@ -1,7 +1,7 @@
 """`DecoderModel`: a Llama-family decoder whose layers attend through shared backend instances.
 
 Parameter names are Hugging Face's, so a checkpoint loads as a plain state dict (after the
-renames some architectures declare, `hf_config.WEIGHT_RENAMES`).
+renames some architectures declare, `hf_families.WEIGHT_RENAMES`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `config.json` is translated by `hf_config`; the weights load as a plain state dict because the
 model's parameter names are transformers' own (after the renames an architecture declares in
-`hf_config.WEIGHT_RENAMES`). Every problem with the checkpoint is a `ValueError` naming the
+`hf_families.WEIGHT_RENAMES`). Every problem with the checkpoint is a `ValueError` naming the
 checkpoint, what was expected, what was found and what to do; the names and shapes are checked
 on a meta-device model before the real one is allocated.
 """

@@ -1,4 +1,6 @@
-"""Translate a Hugging Face `config.json` into a `ModelConfig`, one function per architecture.
+"""Translate a Hugging Face `config.json` into a `ModelConfig`: reading and checking the file, the
+shared fields, then the architecture's own (`hf_families`, one function per architecture) and
+its RoPE (`hf_rope`).
 
 Sliding-window convention. transformers' `sliding_window_overlay(W)` (masking_utils.py, used by
 the eager and sdpa masks of Mistral, Qwen2/3, Phi-3, Gemma 2/3, Mixtral and GPT-OSS) keeps key
@@ -16,11 +18,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
+from unified_attn.models.config import ModelConfig
+from unified_attn.models.hf_families import (
+    ARCHITECTURES,
+    MODEL_TYPES,
+    ROPE_FIELDS,
+    WEIGHT_RENAMES,
+)
+from unified_attn.models.hf_rope import rope_fields
 
 HFConfig = dict[str, Any]
 
@@ -63,302 +71,6 @@ def read_hf_config(path: Path) -> HFConfig:
     return hf
 
 
-# ---- one function per architecture -------------------------------------------------------------
-
-
-def _llama(hf: HFConfig) -> dict[str, Any]:
-    _check_activation(hf, "hidden_act", "silu")
-    bias = bool(hf.get("attention_bias", False))
-    return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
-        mlp_bias=bool(hf.get("mlp_bias", False)),
-        layer_kinds=[LayerKind.full()] * hf["num_hidden_layers"],
-    )
-
-
-def _qwen2(hf: HFConfig) -> dict[str, Any]:
-    _check_activation(hf, "hidden_act", "silu")
-    return dict(attention_bias=True, layer_kinds=_qwen2_layer_kinds(hf))
-
-
-def _qwen3(hf: HFConfig) -> dict[str, Any]:
-    """Qwen2 with an RMSNorm over each q and k head, and biases on all four projections or none."""
-    _check_activation(hf, "hidden_act", "silu")
-    bias = bool(hf.get("attention_bias", False))
-    return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
-        qk_norm=True,
-        layer_kinds=_qwen2_layer_kinds(hf),
-    )
-
-
-def _qwen2_layer_kinds(hf: HFConfig) -> list[LayerKind]:
-    # As Qwen2Config and Qwen3Config: the window only counts with use_sliding_window; then
-    # `layer_types` if given, else layers >= max_window_layers slide.
-    num_layers, window = hf["num_hidden_layers"], hf.get("sliding_window")
-    if not hf.get("use_sliding_window", False) or not window:
-        return [LayerKind.full()] * num_layers
-    first = hf.get("max_window_layers", 28)
-    types = hf.get("layer_types") or [
-        "sliding_attention" if i >= first else "full_attention" for i in range(num_layers)
-    ]
-    return _kinds_of_types(hf, types, window)
-
-
-def _mistral(hf: HFConfig) -> dict[str, Any]:
-    _check_activation(hf, "hidden_act", "silu")
-    return dict(layer_kinds=_uniform_window_kinds(hf))
-
-
-def _phi3(hf: HFConfig) -> dict[str, Any]:
-    """Mistral-like (an optional window on every layer) with fused qkv and gate-up projections."""
-    _check_activation(hf, "hidden_act", "silu")
-    return dict(fused_qkv=True, fused_gate_up=True, layer_kinds=_uniform_window_kinds(hf))
-
-
-def _phi3_rope(hf: HFConfig) -> dict[str, Any]:
-    # Phi3Config renames the rope types "su" and "yarn" of older configs to "longrope".
-    params = _flat_rope_params(hf)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type in ("su", "yarn", "longrope"):
-        raise ValueError(
-            f"Phi3ForCausalLM: RoPE type {rope_type!r} (LongRoPE, the 128k-context Phi-3 "
-            "models) is not supported; use a Phi-3 checkpoint with default RoPE (the 4k ones)"
-        )
-    return _rope_fields(hf)
-
-
-def _uniform_window_kinds(hf: HFConfig) -> list[LayerKind]:
-    window = hf.get("sliding_window")
-    kind = LayerKind.full() if window is None else LayerKind.sliding(window)
-    return [kind] * hf["num_hidden_layers"]
-
-
-def _gemma_common(hf: HFConfig) -> dict[str, Any]:
-    """What Gemma 2 and Gemma 3 share: GeGLU, Gemma norms before and after both blocks, the
-    scaled embedding, the query scalar, soft caps, tied embeddings."""
-    arch = architecture_of(hf)
-    _check_activation(hf, "hidden_activation", "gelu_pytorch_tanh")
-    if hf.get("use_bidirectional_attention"):
-        raise ValueError(f"{arch}: use_bidirectional_attention is not supported")
-    bias = bool(hf.get("attention_bias", False))
-    return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
-        mlp_kind="geglu",
-        norm_style="gemma",
-        post_norms=True,
-        embed_scale=hf["hidden_size"] ** 0.5,
-        query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
-        attn_logit_softcap=hf.get("attn_logit_softcapping"),
-        final_logit_softcap=hf.get("final_logit_softcapping"),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-    )
-
-
-def _gemma2(hf: HFConfig) -> dict[str, Any]:
-    window = hf.get("sliding_window")
-    return dict(
-        **_gemma_common(hf),
-        layer_kinds=_kinds_of_types(hf, _alternating_types(hf), window),
-    )
-
-
-def _gemma3(hf: HFConfig) -> dict[str, Any]:
-    """Gemma 2 plus q/k norms, its own layer pattern (5 local layers per global one unless
-    `layer_types` says otherwise) and per-kind RoPE: local layers use `rope_local_base_freq`
-    (4.x configs) or `rope_parameters["sliding_attention"]` (5.x), global ones the global
-    theta and scaling."""
-    num_layers, window = hf["num_hidden_layers"], hf.get("sliding_window", 4096)
-    pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or 6
-    types = hf.get("layer_types") or [
-        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
-    ]
-    if window is None and "sliding_attention" in types:
-        raise ValueError(
-            "Gemma3ForCausalLM: sliding_window is null but layer_types has sliding_attention "
-            "layers; give the window (transformers' default is 4096)"
-        )
-    return dict(
-        **_gemma_common(hf),
-        qk_norm=True,
-        layer_kinds=_kinds_of_types(hf, types, window),
-    )
-
-
-def _gemma3_rope(hf: HFConfig) -> dict[str, Any]:
-    params = hf.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:  # transformers 5: per kind
-        global_params = params.get("full_attention") or {}
-        local_params = params.get("sliding_attention") or {}
-    else:  # transformers 4: rope_theta + rope_scaling global, rope_local_base_freq local
-        global_params, local_params = params or hf.get("rope_scaling") or {}, {}
-    theta, scaling = _rope(hf, global_params, hf.get("rope_theta") or 1_000_000.0)
-    local_theta, local_scaling = _rope(hf, local_params, hf.get("rope_local_base_freq") or 10_000.0)
-    return dict(
-        rope_theta=theta,
-        rope_scaling=scaling,
-        local_rope_theta=local_theta,
-        local_rope_scaling=local_scaling,
-    )
-
-
-def _gpt_oss(hf: HFConfig) -> dict[str, Any]:
-    bias = bool(hf.get("attention_bias", True))
-    moe = MoEConfig(
-        num_experts=hf.get("num_local_experts") or hf["num_experts"],
-        top_k=hf.get("num_experts_per_tok", 4),
-        swiglu_alpha=hf.get("swiglu_alpha", 1.702),
-        swiglu_limit=hf.get("swiglu_limit", 7.0),
-    )
-    types, window = _alternating_types(hf), hf.get("sliding_window", 128)
-    return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
-        mlp_kind="moe",
-        moe=moe,
-        norm_style="float32",
-        layer_kinds=_kinds_of_types(hf, types, window, has_sinks=True),
-    )
-
-
-def _mixtral(hf: HFConfig) -> dict[str, Any]:
-    """Mistral attention; every MLP a sparse MoE of SwiGLU experts, softmax over all experts,
-    top-k renormalised (weights renamed on load, see WEIGHT_RENAMES)."""
-    _check_activation(hf, "hidden_act", "silu")
-    moe = MoEConfig(
-        num_experts=hf.get("num_local_experts", 8),
-        top_k=hf.get("num_experts_per_tok", 2),
-        expert_kind="swiglu",
-        router_softmax="all",
-        norm_topk_prob=True,
-    )
-    return dict(mlp_kind="moe", moe=moe, layer_kinds=_uniform_window_kinds(hf))
-
-
-def _qwen2_moe(hf: HFConfig) -> dict[str, Any]:
-    """Qwen2 attention; sparse MoE with a sigmoid-gated shared expert, except on the layers
-    `mlp_only_layers` names and those `decoder_sparse_step` skips (dense SwiGLU there)."""
-    _check_activation(hf, "hidden_act", "silu")
-    num_layers, num_experts = hf["num_hidden_layers"], hf.get("num_experts", 60)
-    fields: dict[str, Any] = dict(
-        attention_bias=bool(hf.get("qkv_bias", True)), layer_kinds=_qwen2_moe_layer_kinds(hf)
-    )
-    if not num_experts:  # transformers: every layer dense
-        return fields
-    step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or [])
-    moe = MoEConfig(
-        num_experts=num_experts,
-        top_k=hf.get("num_experts_per_tok", 4),
-        expert_kind="swiglu",
-        router_softmax="all",
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-        routing_weights_dtype="model",
-        intermediate_size=hf.get("moe_intermediate_size", 1408),
-        shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 5632),
-    )
-    dense = [i for i in range(num_layers) if i in only or (i + 1) % step]
-    return dict(**fields, mlp_kind="moe", moe=moe, dense_mlp_layers=dense)
-
-
-def _qwen2_moe_layer_kinds(hf: HFConfig) -> list[LayerKind]:
-    # As Qwen2MoeConfig: the window only counts with use_sliding_window; then `layer_types` if
-    # given, else even layers below max_window_layers slide.
-    num_layers, window = hf["num_hidden_layers"], hf.get("sliding_window")
-    if not hf.get("use_sliding_window", False) or not window:
-        return [LayerKind.full()] * num_layers
-    first_full = hf.get("max_window_layers", 28)
-    types = hf.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 and i < first_full else "full_attention"
-        for i in range(num_layers)
-    ]
-    return _kinds_of_types(hf, types, window)
-
-
-def _alternating_types(hf: HFConfig) -> list[str]:
-    """`layer_types`, or Gemma 2's and GPT-OSS's default: even layers slide, odd ones are full."""
-    return hf.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 else "full_attention"
-        for i in range(hf["num_hidden_layers"])
-    ]
-
-
-def _kinds_of_types(
-    hf: HFConfig, types: list[str], window: int | None, *, has_sinks: bool = False
-) -> list[LayerKind]:
-    full = LayerKind.full(has_sinks=has_sinks)
-    sliding = full if window is None else LayerKind.sliding(window, has_sinks=has_sinks)
-    by_type = {"full_attention": full, "sliding_attention": sliding}
-    unknown = set(types) - set(by_type)
-    if unknown:
-        raise ValueError(
-            f"{architecture_of(hf)}: layer_types {sorted(unknown)} are not supported; supported: "
-            f"{sorted(by_type)}"
-        )
-    if len(types) != hf["num_hidden_layers"]:
-        raise ValueError(
-            f"{architecture_of(hf)}: {len(types)} layer_types for num_hidden_layers="
-            f"{hf['num_hidden_layers']}; give one type per layer"
-        )
-    return [by_type[t] for t in types]
-
-
-def _check_activation(hf: HFConfig, key: str, supported: str) -> None:
-    act = hf.get(key) or supported
-    if act != supported:
-        raise ValueError(
-            f"{architecture_of(hf)}: {key}={act!r} is not supported, only {supported!r}"
-        )
-
-
-# ---- the registry -------------------------------------------------------------------------------
-
-ARCHITECTURES: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
-    "LlamaForCausalLM": _llama,
-    "MistralForCausalLM": _mistral,
-    "Qwen2ForCausalLM": _qwen2,
-    "Qwen3ForCausalLM": _qwen3,
-    "Phi3ForCausalLM": _phi3,
-    "Gemma2ForCausalLM": _gemma2,
-    "Gemma3ForCausalLM": _gemma3,
-    "GptOssForCausalLM": _gpt_oss,
-    "MixtralForCausalLM": _mixtral,
-    "Qwen2MoeForCausalLM": _qwen2_moe,
-}
-
-# Architectures whose RoPE is not the shared `rope_parameters` / `rope_scaling` + `rope_theta`.
-ROPE_FIELDS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
-    "Phi3ForCausalLM": _phi3_rope,
-    "Gemma3ForCausalLM": _gemma3_rope,
-}
-
-# `model_type` -> architecture, for configs without `architectures`.
-MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-}
-
-# Checkpoint weight names that differ from the model's (regex, replacement), applied in order.
-WEIGHT_RENAMES: dict[str, list[tuple[str, str]]] = {
-    "MixtralForCausalLM": [
-        (r"\.block_sparse_moe\.", ".mlp."),
-        (r"(\.mlp\.experts\.\d+)\.w1\.", r"\1.gate_proj."),
-        (r"(\.mlp\.experts\.\d+)\.w3\.", r"\1.up_proj."),
-        (r"(\.mlp\.experts\.\d+)\.w2\.", r"\1.down_proj."),
-    ],
-}
-
-
 def supported_architectures() -> list[str]:
     """The `architectures` entries of `config.json` that load, sorted (for the CLI's listing)."""
     return sorted(ARCHITECTURES)
@@ -382,7 +94,7 @@ def config_from_hf(hf: HFConfig, name: str = "hf") -> ModelConfig:
             "load with transformers in bfloat16 and save_pretrained"
         )
     try:
-        rope = ROPE_FIELDS.get(arch, _rope_fields)(hf)
+        rope = ROPE_FIELDS.get(arch, rope_fields)(hf)
         fields = {**_common_fields(hf, name), **rope, **ARCHITECTURES[arch](hf)}
     except KeyError as error:
         raise ValueError(
@@ -426,67 +138,3 @@ def architecture_of(hf: HFConfig) -> str:
             f"architecture {archs[0]!r} is not supported; supported architectures: {supported}"
         )
     return str(archs[0])
-
-
-# ---- RoPE ---------------------------------------------------------------------------------------
-
-
-def _flat_rope_params(hf: HFConfig) -> dict[str, Any]:
-    """transformers 5 `rope_parameters` or 4.x `rope_scaling` (one set for every layer)."""
-    return dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-
-
-def _rope_fields(hf: HFConfig) -> dict[str, Any]:
-    theta, scaling = _rope(hf, _flat_rope_params(hf), hf.get("rope_theta") or 10000.0)
-    return dict(rope_theta=theta, rope_scaling=scaling)
-
-
-def _rope(
-    hf: HFConfig, params: dict[str, Any], default_theta: float
-) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) of one set of RoPE parameters; `default_theta` when it has no theta."""
-    theta = float(params.get("rope_theta") or default_theta)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(
-            f"{architecture_of(hf)}: partial rotary embeddings (partial_rotary_factor="
-            f"{params['partial_rotary_factor']}) are not supported; only 1.0"
-        )
-    if rope_type == "default":
-        return theta, None
-    if rope_type == "linear":
-        return theta, RopeScaling(rope_type="linear", factor=params["factor"])
-    if rope_type == "llama3":
-        original = params.get("original_max_position_embeddings")
-        return theta, RopeScaling(
-            factor=params["factor"],
-            low_freq_factor=params["low_freq_factor"],
-            high_freq_factor=params["high_freq_factor"],
-            original_max_position_embeddings=original or hf["max_position_embeddings"],
-        )
-    if rope_type == "yarn":
-        return theta, _yarn(hf, params)
-    raise ValueError(
-        f"RoPE type {rope_type!r} is not supported; use default, linear, llama3 or yarn"
-    )
-
-
-def _yarn(hf: HFConfig, params: dict[str, Any]) -> RopeScaling:
-    # As transformers: a top-level original_max_position_embeddings wins; a missing factor is
-    # max_position_embeddings / original; a missing `truncate` means True.
-    original = (
-        hf.get("original_max_position_embeddings")
-        or params.get("original_max_position_embeddings")
-        or hf["max_position_embeddings"]
-    )
-    return RopeScaling(
-        rope_type="yarn",
-        factor=params.get("factor") or hf["max_position_embeddings"] / original,
-        original_max_position_embeddings=original,
-        beta_fast=params.get("beta_fast") or 32.0,
-        beta_slow=params.get("beta_slow") or 1.0,
-        truncate=bool(params.get("truncate", True)),
-        attention_factor=params.get("attention_factor"),
-        mscale=params.get("mscale"),
-        mscale_all_dim=params.get("mscale_all_dim"),
-    )

@@ -10,7 +10,7 @@ Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
 - `swiglu` (Mixtral, Qwen2-MoE, `SparseMoEMLP`): `mlp.gate.weight [E, H]`;
   `mlp.experts.{e}.gate_proj / up_proj / down_proj.weight` (plain SwiGLU MLPs); Qwen2-MoE's
   `mlp.shared_expert.*` and `mlp.shared_expert_gate.weight [1, H]`. Mixtral checkpoints name
-  them `block_sparse_moe.*` and `w1 / w3 / w2`; `hf_config.WEIGHT_RENAMES` maps those names.
+  them `block_sparse_moe.*` and `w1 / w3 / w2`; `hf_families.WEIGHT_RENAMES` maps those names.
 """
 
 from __future__ import annotations
