@@ -12,7 +12,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
-import torch
 
 from unified_attn.managers import KVCacheManager
 from unified_attn.request import Request, RequestStatus
@@ -23,50 +22,22 @@ from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.outputs import (
-    CompletionOutput,
-    Logprob,
     RequestOutput,
     SampleLogprobs,
     StreamDelta,
 )
-from unified_attn.runner.sampler import TokenLogprobs
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
+from unified_attn.runner.sequences import (
+    FINISH_REASONS,
+    ParentRequest,
+    SequenceState,
+    gather_logprobs,
+    request_output,
+)
 from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
 # ---- the engine's per-request state ------------------------------------------------------------
-
-
-@attrs.define(eq=False)
-class _Sequence:
-    """One completion: its scheduler request and what the engine gathered for it so far."""
-
-    parent_id: str
-    index: int
-    request: Request
-    text: IncrementalText | None  # None without a tokenizer
-    incremental: bool  # text read step by step (stop strings, streams), else once at the end
-    logprobs: SampleLogprobs | None
-    cumulative_logprob: float | None
-    prompt_logits: list[torch.Tensor] = attrs.Factory(list)
-    sample_logits: list[torch.Tensor] = attrs.Factory(list)
-    num_seen: int = 0  # output tokens already gathered
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@attrs.define(eq=False)
-class _Parent:
-    """A request as its caller sees it: one id, one prompt, `n` sequences."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    sequences: list[_Sequence] = attrs.Factory(list)
-
-    @property
-    def done(self) -> bool:
-        return all(s.finish_reason is not None for s in self.sequences)
 
 
 @attrs.frozen
@@ -79,12 +50,6 @@ class _Prompt:
 
 
 _AUTO_ID = re.compile(r"req-(\d+)")
-
-_FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH: "length",
-    RequestStatus.FINISHED_ABORTED: "abort",
-}
 
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
 
@@ -156,8 +121,8 @@ class LLMEngine:
         self.stats = EngineStats()
         self._next_id = 0
         self._caller_numbers: set[int] = set()  # N of caller ids `req-N` the counter must skip
-        self._parents: dict[str, _Parent] = {}  # unfinished requests, by the id callers know
-        self._sequences: dict[str, _Sequence] = {}  # their scheduler requests, by request id
+        self._parents: dict[str, ParentRequest] = {}  # unfinished requests, by the id callers know
+        self._sequences: dict[str, SequenceState] = {}  # their scheduler requests, by request id
         # Finished requests' outputs not handed out yet: `step` returns them, `generate` takes
         # its own.
         self._outputs: list[RequestOutput] = []
@@ -318,7 +283,7 @@ class LLMEngine:
         child_ids = [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
         self._check_ids(request_id, child_ids)
         self._reserve_caller_id(request_id)
-        parent = _Parent(request_id, prompt.text, prompt.token_ids)
+        parent = ParentRequest(request_id, prompt.text, prompt.token_ids)
         for index, child_id in enumerate(child_ids):
             params = _child_params(prompt.params, index)
             request = Request(
@@ -348,13 +313,13 @@ class LLMEngine:
 
     def _new_sequence(
         self, parent_id: str, index: int, request: Request, *, streamed: bool
-    ) -> _Sequence:
+    ) -> SequenceState:
         params: SamplingParams = request.sampling_params
         text = None
         if self.tokenizer is not None:
             text = IncrementalText(self.tokenizer, params.stop, params.min_tokens)
         wants_logprobs = params.logprobs is not None
-        return _Sequence(
+        return SequenceState(
             parent_id,
             index,
             request,
@@ -514,7 +479,7 @@ class LLMEngine:
         self._count(output, result, start)
         self._keep_logits(output, result)
         finished_ids = {r.request_id for r in finished}
-        touched: dict[str, _Parent] = {}
+        touched: dict[str, ParentRequest] = {}
         for entry in output.scheduled:
             seq = self._sequences.get(entry.request.request_id)
             if seq is None:
@@ -548,37 +513,21 @@ class LLMEngine:
         for rid, row in result.sample_logits.items():
             self._sequences[rid].sample_logits.append(row)
 
-    def _advance(self, seq: _Sequence, result: StepResult, finished_now: bool) -> None:
+    def _advance(self, seq: SequenceState, result: StepResult, finished_now: bool) -> None:
         """Gather a sequence's new tokens: log-probabilities, finish, text and stop strings, and
         its stream's delta."""
         request = seq.request
         new = request.output_token_ids[seq.num_seen :]
         seq.num_seen = request.num_output_tokens
-        new_logprobs = self._gather_logprobs(seq, result.logprobs.get(request.request_id))
+        new_logprobs = gather_logprobs(seq, result.logprobs.get(request.request_id), self.tokenizer)
         if finished_now:
-            seq.finish_reason = _FINISH_REASONS[request.status]
+            seq.finish_reason = FINISH_REASONS[request.status]
             seq.stop_reason = request.stop_reason
         if seq.incremental:
             self._read_text(seq, new, finished_now)
         self._stream(seq, new, new_logprobs)
 
-    def _gather_logprobs(self, seq: _Sequence, lp: TokenLogprobs | None) -> SampleLogprobs | None:
-        if seq.logprobs is None or seq.cumulative_logprob is None:
-            return None
-        if lp is None:
-            return []
-        entry = {lp.token_id: Logprob(lp.logprob, lp.rank, self._decode_token(lp.token_id))}
-        pairs = zip(lp.top_token_ids, lp.top_logprobs, strict=True)
-        for rank, (token_id, value) in enumerate(pairs, start=1):
-            entry.setdefault(token_id, Logprob(value, rank, self._decode_token(token_id)))
-        seq.logprobs.append(entry)
-        seq.cumulative_logprob += lp.logprob
-        return [entry]
-
-    def _decode_token(self, token_id: int) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode([token_id])
-
-    def _read_text(self, seq: _Sequence, new: list[int], finished_now: bool) -> None:
+    def _read_text(self, seq: SequenceState, new: list[int], finished_now: bool) -> None:
         """Add new tokens to the text (a token that stopped the sequence stays out of it); a
         stop string found there stops the sequence."""
         state, request = seq.text, seq.request
@@ -593,7 +542,7 @@ class LLMEngine:
         request.stop_reason = seq.stop_reason = state.stop_string
         seq.finish_reason = "stop"  # also when a length cap ended it in the same step, as vLLM
 
-    def _stream(self, seq: _Sequence, new: list[int], logprobs: SampleLogprobs | None) -> None:
+    def _stream(self, seq: SequenceState, new: list[int], logprobs: SampleLogprobs | None) -> None:
         queue = self._stream_queues.get(seq.parent_id)
         if queue is None:
             return
@@ -605,49 +554,13 @@ class LLMEngine:
             )
         )
 
-    def _finish(self, parent: _Parent) -> None:
+    def _finish(self, parent: ParentRequest) -> None:
         """Forget a finished request; its output goes to `step()` (a stream had its deltas)."""
         del self._parents[parent.request_id]
         for seq in parent.sequences:
             self._sequences.pop(seq.request.request_id, None)
         if parent.request_id not in self._stream_queues:
-            self._outputs.append(self._request_output(parent))
-
-    # ---- outputs -------------------------------------------------------------------------------
-
-    def _request_output(self, parent: _Parent) -> RequestOutput:
-        outputs = [self._completion(seq) for seq in parent.sequences]
-        first, prompt_parts = outputs[0], parent.sequences[0].prompt_logits
-        return RequestOutput(
-            parent.request_id,
-            parent.prompt_token_ids,
-            first.token_ids,
-            first.finish_reason,
-            first.text,
-            sum(seq.request.num_preemptions for seq in parent.sequences),
-            torch.cat(prompt_parts) if prompt_parts else None,
-            first.logits,
-            prompt=parent.prompt,
-            outputs=outputs,
-        )
-
-    def _completion(self, seq: _Sequence) -> CompletionOutput:
-        request = seq.request
-        if seq.text is not None and not seq.incremental:
-            ids = request.output_token_ids
-            if seq.finish_reason == "stop":  # ended by EOS or a stop token: not in the text
-                ids = ids[:-1]
-            seq.text.add(ids, request.num_output_tokens, final=True)
-        return CompletionOutput(
-            seq.index,
-            None if seq.text is None else seq.text.text,
-            request.output_token_ids,
-            seq.cumulative_logprob,
-            seq.logprobs,
-            seq.finish_reason,
-            seq.stop_reason,
-            torch.stack(seq.sample_logits) if seq.sample_logits else None,
-        )
+            self._outputs.append(request_output(parent))
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:
