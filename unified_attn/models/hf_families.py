@@ -47,14 +47,19 @@ def _qwen3(hf: HFConfig) -> dict[str, Any]:
 
 
 def _qwen2_layer_kinds(hf: HFConfig) -> list[LayerKind]:
-    # As Qwen2Config and Qwen3Config: the window only counts with use_sliding_window; then
-    # `layer_types` if given, else layers >= max_window_layers slide.
+    # As Qwen2Config and Qwen3Config: layers >= max_window_layers slide.
+    first = hf.get("max_window_layers", 28)
+    return _qwen_window_kinds(hf, lambda i: i >= first)
+
+
+def _qwen_window_kinds(hf: HFConfig, slides: Callable[[int], bool]) -> list[LayerKind]:
+    """The Qwen families' windows: they only count with `use_sliding_window`; then
+    `layer_types` if given, else the layers `slides(i)` picks."""
     num_layers, window = hf["num_hidden_layers"], hf.get("sliding_window")
     if not hf.get("use_sliding_window", False) or not window:
         return [LayerKind.full()] * num_layers
-    first = hf.get("max_window_layers", 28)
     types = hf.get("layer_types") or [
-        "sliding_attention" if i >= first else "full_attention" for i in range(num_layers)
+        "sliding_attention" if slides(i) else "full_attention" for i in range(num_layers)
     ]
     return _kinds_of_types(hf, types, window)
 
@@ -216,17 +221,9 @@ def _qwen2_moe(hf: HFConfig) -> dict[str, Any]:
 
 
 def _qwen2_moe_layer_kinds(hf: HFConfig) -> list[LayerKind]:
-    # As Qwen2MoeConfig: the window only counts with use_sliding_window; then `layer_types` if
-    # given, else even layers below max_window_layers slide.
-    num_layers, window = hf["num_hidden_layers"], hf.get("sliding_window")
-    if not hf.get("use_sliding_window", False) or not window:
-        return [LayerKind.full()] * num_layers
+    # As Qwen2MoeConfig: even layers below max_window_layers slide.
     first_full = hf.get("max_window_layers", 28)
-    types = hf.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 2 and i < first_full else "full_attention"
-        for i in range(num_layers)
-    ]
-    return _kinds_of_types(hf, types, window)
+    return _qwen_window_kinds(hf, lambda i: bool((i + 1) % 2) and i < first_full)
 
 
 def _alternating_types(hf: HFConfig) -> list[str]:

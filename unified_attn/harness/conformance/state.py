@@ -20,7 +20,7 @@ import torch
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
 from unified_attn.harness.conformance.cells import LAYER
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
-from unified_attn.harness.conformance.steps import GROUP_ID
+from unified_attn.harness.conformance.steps import GROUP_ID, batch_metadata
 from unified_attn.managers import StateManager
 from unified_attn.selector import SelectorConfig, backend_reasons
 from unified_attn.tensor_specs import StateSpec
@@ -210,24 +210,12 @@ def _random_inputs(cell: StateCell, num_tokens: int, gen: torch.Generator) -> di
 def _common(
     cell: StateCell, rows: list[int], done: list[int], new: tuple[int, ...], device: str
 ) -> CommonAttentionMetadata:
-    lens = torch.tensor([new[i] for i in rows], dtype=torch.int32)
-    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()])
-    seq_lens = torch.tensor([done[i] + new[i] for i in rows], dtype=torch.int32)
-    positions = torch.cat([torch.arange(done[i], done[i] + new[i]) for i in rows])
-    return CommonAttentionMetadata(
-        query_start_loc=qsl.to(device),
-        query_start_loc_cpu=qsl,
-        seq_lens=seq_lens.to(device),
-        seq_lens_cpu=seq_lens,
-        num_computed_tokens_cpu=torch.tensor([done[i] for i in rows], dtype=torch.int32),
-        positions=positions.to(device),
-        num_reqs=len(rows),
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=int(lens.max()),
-        max_seq_len=int(seq_lens.max()),
-        slot_mappings={GROUP_ID: torch.full((int(qsl[-1]),), -1, device=device)},
-        block_sizes={GROUP_ID: cell.block_size},
-    )
+    """Requests `rows` with `new[i]` tokens after `done[i]`; no slots (state layers write
+    their blocks, not token slots)."""
+    end = [d + n for d, n in zip(done, new, strict=True)]
+    num_tokens = sum(new[i] for i in rows)
+    slots = {GROUP_ID: torch.full((num_tokens,), -1, device=device)}
+    return batch_metadata(done, end, rows, slots, device, {GROUP_ID: cell.block_size})
 
 
 def _forward_with_checks(

@@ -51,6 +51,35 @@ def null_unneeded_blocks(cell: Cell, table: torch.Tensor) -> torch.Tensor:
     return table
 
 
+def batch_metadata(
+    start: list[int],
+    end: list[int],
+    rows: list[int],
+    slot_mappings: dict[int, torch.Tensor],
+    device: str,
+    block_sizes: dict[int, int] | None = None,
+) -> CommonAttentionMetadata:
+    """The metadata of requests `rows`, each with tokens `[start[i], end[i])` new."""
+    lens = torch.tensor([end[i] - start[i] for i in rows], dtype=torch.int32)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()])
+    seq_lens = torch.tensor([end[i] for i in rows], dtype=torch.int32)
+    positions = torch.cat([torch.arange(start[i], end[i]) for i in rows])
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.to(device),
+        query_start_loc_cpu=qsl,
+        seq_lens=seq_lens.to(device),
+        seq_lens_cpu=seq_lens,
+        num_computed_tokens_cpu=torch.tensor([start[i] for i in rows], dtype=torch.int32),
+        positions=positions.to(device),
+        num_reqs=len(rows),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(lens.max()),
+        max_seq_len=int(seq_lens.max()),
+        slot_mappings=slot_mappings,
+        block_sizes=block_sizes or {},
+    )
+
+
 def make_step(
     cell: Cell,
     table: torch.Tensor,
@@ -65,22 +94,7 @@ def make_step(
     positions = torch.cat([torch.arange(start[i], end[i]) for i in rows])
     owners = torch.cat([torch.full((end[i] - start[i],), i) for i in rows])
     slots = table[owners, positions // bs].long() * bs + positions % bs
-    lens = torch.tensor([end[i] - start[i] for i in rows])
-    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).int()])
-    seq_lens = torch.tensor([end[i] for i in rows], dtype=torch.int32)
-    common = CommonAttentionMetadata(
-        query_start_loc=qsl.to(device),
-        query_start_loc_cpu=qsl,
-        seq_lens=seq_lens.to(device),
-        seq_lens_cpu=seq_lens,
-        num_computed_tokens_cpu=torch.tensor([start[i] for i in rows], dtype=torch.int32),
-        positions=positions.to(device),
-        num_reqs=len(rows),
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=int(lens.max()),
-        max_seq_len=int(seq_lens.max()),
-        slot_mappings={GROUP_ID: slots.to(device)},
-    )
+    common = batch_metadata(start, end, rows, {GROUP_ID: slots.to(device)}, device)
     k = torch.cat([kv[i][0, start[i] : end[i]] for i in rows]).flatten(1)
     v = torch.cat([kv[i][1, start[i] : end[i]] for i in rows]).flatten(1)
     query = torch.randn(len(positions), cell.num_heads * cell.head_size, generator=gen)
