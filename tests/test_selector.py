@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from unified_attn.backend import AttentionBackend, AttentionType
+from unified_attn.backend import AttentionBackend
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.selector import (
     SelectorConfig,
@@ -64,10 +64,10 @@ def test_module_path_override():
 
 
 def test_no_valid_backend_lists_every_backend_with_reasons(picky):
-    cfg = SelectorConfig(head_size=32, dtype="float32", attn_type=AttentionType.ENCODER_DECODER)
+    cfg = SelectorConfig(head_size=32, dtype="float32", kv_cache_dtype="float16")
     with pytest.raises(ValueError) as err:
         select_backend(cfg)
-    assert "reference: cross-attention" in str(err.value)
+    assert "reference: KV-cache dtype float16 must equal the model dtype" in str(err.value)
     assert "test-picky: head size 32 is not 64" in str(err.value)
 
 

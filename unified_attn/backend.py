@@ -74,6 +74,7 @@ class ValueCopyBackend(AttentionBackend[CopyPlan]):
 from __future__ import annotations
 
 import enum
+import math
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -82,6 +83,7 @@ import torch
 
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
+    CrossAttentionManager,
     FullAttentionManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
@@ -154,6 +156,11 @@ class CommonAttentionMetadata:
     max_seq_len: int  # host
     slot_mappings: dict[int, torch.Tensor]  # device: group id -> [T] int64 slot, -1 = padding
     block_sizes: dict[int, int] = attrs.Factory(dict)  # host: group id -> tokens per block
+    # Encoder-decoder models: each request's encoder length (0: none). A cross-attention
+    # group's slot mapping is [E], the slots of the encoder tokens written this step (those
+    # of requests whose encoder ran), in the order of the key/value rows its layers get.
+    encoder_seq_lens_cpu: torch.Tensor | None = None  # host [B] int32
+    encoder_seq_lens: torch.Tensor | None = None  # device [B] int32
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:
@@ -189,8 +196,23 @@ class AttentionBackend(ABC, Generic[PlanT]):
         kv_cache_dtype: str = "auto",
         batch_invariant: bool = False,
         num_sink_tokens: int = 0,
+        attn_type: AttentionType | str = AttentionType.DECODER,
+        max_encoder_len: int | None = None,
         **options: Any,
     ) -> None:
+        self.attn_type = AttentionType(attn_type)
+        if (self.attn_type == AttentionType.ENCODER_DECODER) != (max_encoder_len is not None):
+            raise ValueError(
+                f"{type(self).__name__}: attn_type={self.attn_type.value} with "
+                f"max_encoder_len={max_encoder_len}: cross-attention (encoder_decoder) backends "
+                "need max_encoder_len (the longest encoder input, which sizes the cross cache) "
+                "and other types take none"
+            )
+        if max_encoder_len is not None and max_encoder_len <= 0:
+            raise ValueError(
+                f"{type(self).__name__}: max_encoder_len must be positive, got {max_encoder_len}"
+            )
+        self.max_encoder_len = max_encoder_len
         if sliding_window is not None and attention_chunk_size is not None:
             raise ValueError(
                 f"{type(self).__name__}: sliding_window={sliding_window} and "
@@ -247,14 +269,23 @@ class AttentionBackend(ABC, Generic[PlanT]):
 
     # ---- the contract --------------------------------------------------------------------------
 
-    def get_cache_config(self) -> CacheConfig:
+    def get_cache_config(self) -> CacheConfig | None:
         """`(manager_cls, manager_cls.Config(...), tensor spec)` for every layer this instance
-        serves. Pure: the same triple on every call, nothing else changes. The worker groups
-        layers by `(manager_cls, config)` equality and sizes pages with the spec.
+        serves, or None when its layers keep no KV cache. Pure: the same answer on every call,
+        nothing else changes. The worker groups layers by `(manager_cls, config)` equality and
+        sizes pages with the spec.
 
-        The default: paged K/V (`PagedKVSpec`) under the manager of this instance's kind
-        (full, sliding window, chunked local, or StreamingLLM sinks + window)."""
+        The default: paged K/V (`PagedKVSpec`) under the manager of this instance's kind:
+        full, sliding window, chunked local, StreamingLLM sinks + window, cross-attention
+        (`CrossAttentionManager`: the encoder's keys and values of each request), and None
+        for encoder and encoder-only self-attention."""
         manager: type[SingleTypeKVCacheManager]
+        spec = PagedKVSpec(self.num_kv_heads, self.head_size, self.kv_cache_dtype)
+        if self.attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY):
+            return None
+        if self.attn_type == AttentionType.ENCODER_DECODER:
+            assert self.max_encoder_len is not None  # checked by the constructor
+            return CrossAttentionManager, CrossAttentionManager.Config(self.max_encoder_len), spec
         if self.sliding_window is not None and self.num_sink_tokens:
             manager = StreamingSinkManager
             config: Any = StreamingSinkManager.Config(self.num_sink_tokens, self.sliding_window)
@@ -268,7 +299,6 @@ class AttentionBackend(ABC, Generic[PlanT]):
             )
         else:
             manager, config = FullAttentionManager, FullAttentionManager.Config()
-        spec = PagedKVSpec(self.num_kv_heads, self.head_size, self.kv_cache_dtype)
         return manager, config, spec
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
@@ -329,7 +359,14 @@ class AttentionBackend(ABC, Generic[PlanT]):
     # ---- helpers for implementations -----------------------------------------------------------
 
     def check_layer(self, layer: LayerConfig) -> None:
-        """Planning check: the layer's window/chunk must agree with this instance's manager."""
+        """Planning check: the layer's type, window and chunk must agree with this instance's
+        manager."""
+        if layer.attn_type != self.attn_type:
+            raise ValueError(
+                f"layer {layer.name}: attn_type={layer.attn_type.value} but its backend "
+                f"instance was built with attn_type={self.attn_type.value}; give each attention "
+                "type its own backend instance."
+            )
         if layer.sliding_window != self.sliding_window:
             raise ValueError(
                 f"layer {layer.name}: sliding_window={layer.sliding_window} but its backend "
@@ -355,16 +392,18 @@ class AttentionBackend(ABC, Generic[PlanT]):
         key: torch.Tensor,
         value: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Validate shapes/dtypes/devices; return q `[T, Hq, D]`, k and v `[T, Hkv, D]`."""
+        """Validate shapes/dtypes/devices; return q `[T, Hq, D]`, k and v `[T, Hkv, D]` (for
+        cross-attention `[E, Hkv, D]`: the encoder tokens written this step)."""
         num_tokens = query.shape[0]
+        num_keys = key.shape[0] if layer.attn_type == AttentionType.ENCODER_DECODER else num_tokens
         expected = {
             "query": (query, (num_tokens, layer.num_heads * layer.head_size)),
-            "key": (key, (num_tokens, layer.num_kv_heads * layer.head_size)),
-            "value": (value, (num_tokens, layer.num_kv_heads * layer.head_size)),
+            "key": (key, (num_keys, layer.num_kv_heads * layer.head_size)),
+            "value": (value, (num_keys, layer.num_kv_heads * layer.head_size)),
             "output": (output, (num_tokens, layer.num_heads * layer.head_size)),
         }
         for what, (tensor, shape) in expected.items():
-            if tensor.reshape(tensor.shape[0], -1).shape != shape:
+            if (tensor.shape[0], math.prod(tensor.shape[1:])) != shape:
                 raise ValueError(
                     f"layer {layer.name}: {what} has shape {tuple(tensor.shape)}, expected "
                     f"{shape} (or its [T, heads, head_size] form)"
@@ -375,6 +414,18 @@ class AttentionBackend(ABC, Generic[PlanT]):
                     f"{self.dtype} on {query.device}"
                 )
         q = query.view(num_tokens, layer.num_heads, layer.head_size)
-        k = key.view(num_tokens, layer.num_kv_heads, layer.head_size)
-        v = value.view(num_tokens, layer.num_kv_heads, layer.head_size)
+        k = key.view(num_keys, layer.num_kv_heads, layer.head_size)
+        v = value.view(num_keys, layer.num_kv_heads, layer.head_size)
         return q, k, v
+
+
+def require_cache_config(backend: AttentionBackend) -> CacheConfig:
+    """`backend.get_cache_config()` for callers that need a cache (harness drivers): a
+    `ValueError` when the backend's layers keep none."""
+    config = backend.get_cache_config()
+    if config is None:
+        raise ValueError(
+            f"backend {backend.name!r} (attn_type={backend.attn_type.value}) keeps no KV cache; "
+            "this check needs a backend whose layers have one"
+        )
+    return config

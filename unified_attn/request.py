@@ -43,9 +43,13 @@ class Request:
         lora_name: str | None = None,
         sampling_params: Any = None,
         arrival_index: int = 0,
+        encoder_token_ids: Sequence[int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
+        # Encoder-decoder models: the encoder's input (its keys and values live in the
+        # cross-attention groups; the decoder block hashes fingerprint it).
+        self.encoder_token_ids = list(encoder_token_ids or ())
         self.output_token_ids: list[int] = []
         self.all_token_ids = list(self.prompt_token_ids)
         self.cache_salt = cache_salt
@@ -69,6 +73,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_encoder_tokens(self) -> int:
+        return len(self.encoder_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,6 +14,10 @@ from unified_attn.models import load_hf_model, supported_architectures
 from unified_attn.models.hf_config import config_from_hf
 
 SUPPORTED = [
+    "BartForConditionalGeneration",
+    "BartModel",
+    "BertForMaskedLM",
+    "BertModel",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "GptOssForCausalLM",
@@ -232,7 +236,8 @@ def test_unsupported_architecture_behind_a_supported_label(tmp_path):
     edit_config(path, architectures=["LlamaForCausalLM"])
     pattern = (
         r"architecture 'LlamaForCausalLM' named in config.json has no place for its weights "
-        r".*the checkpoint's architecture is not supported \(supported: Gemma2ForCausalLM"
+        r".*the checkpoint's architecture is not supported "
+        r"\(supported: BartForConditionalGeneration"
     )
     with pytest.raises(ValueError, match=pattern):
         load(path)

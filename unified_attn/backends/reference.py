@@ -36,6 +36,17 @@ class GroupIndex:
 
 
 @attrs.frozen
+class CrossIndex:
+    """Where one cross-attention group's layers write the encoder keys and read them."""
+
+    write_rows: torch.Tensor  # device [W] key rows (encoder tokens) that have a slot
+    write_blocks: torch.Tensor  # device [W] block id of each
+    write_offsets: torch.Tensor  # device [W] offset inside that block
+    # request index -> (block id [S_i], offset [S_i]) of its encoder positions 0..S_i-1
+    keys: dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+@attrs.frozen
 class ReferencePlan:
     """The reference backend's step: decode rows (one query token) in one padded batch, the
     other rows one by one (all of them in batch-invariant mode)."""
@@ -46,7 +57,8 @@ class ReferencePlan:
     decode_tokens: torch.Tensor  # device [Bd] int64: token row of each decode request
     decode_pos: torch.Tensor  # device [Bd]: position of that token
     decode_valid: torch.Tensor  # device [Bd, S] bool: key positions each decode row may read
-    groups: dict[int, GroupIndex]  # KV-cache group id -> its indices
+    groups: dict[int, GroupIndex]  # KV-cache group id -> its indices (decoder layers)
+    cross: dict[int, CrossIndex] = attrs.Factory(dict)  # the same, cross-attention layers
 
 
 @register_backend(priority={"cpu": 100, "cuda": 10})
@@ -56,8 +68,6 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
         reasons = []
-        if cfg.attn_type == AttentionType.ENCODER_DECODER:
-            reasons.append("cross-attention (encoder_decoder) is not supported")
         if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
             reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
         return reasons
@@ -86,6 +96,8 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
         max_len = max((seq_lens[i] for i in decode), default=0)
         batched = set(decode)
         prefill_rows = [i for i in range(num_reqs) if i not in batched]
+        gids = set(self.group_of_layer.values())
+        cross = self.attn_type == AttentionType.ENCODER_DECODER
         self.plan = ReferencePlan(
             query_ranges=query_ranges,
             computed=common.num_computed_tokens_cpu.tolist()[:num_reqs],
@@ -97,8 +109,34 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                 gid: self._group_index(
                     common, gid, block_tables[gid], decode, prefill_rows, seq_lens, max_len
                 )
-                for gid in set(self.group_of_layer.values())
+                for gid in gids
+                if not cross
             },
+            cross={gid: self._cross_index(common, gid, block_tables[gid]) for gid in gids if cross},
+        )
+
+    def _cross_index(
+        self, common: CommonAttentionMetadata, gid: int, block_table: torch.Tensor
+    ) -> CrossIndex:
+        if common.encoder_seq_lens_cpu is None:
+            raise ValueError(
+                f"{self.name}: cross-attention layers need common.encoder_seq_lens_cpu (the "
+                "encoder length of each request); the runner sets it for encoder-decoder models"
+            )
+        device = common.positions.device
+        bs = self._block_size(gid)
+        slots = common.slot_mappings[gid].cpu()
+        rows = torch.nonzero(slots >= 0).flatten()
+        table = block_table.cpu().long()
+        keys = {}
+        for i, length in enumerate(common.encoder_seq_lens_cpu.tolist()[: common.num_reqs]):
+            pos = torch.arange(length)
+            keys[i] = (table[i, pos // bs].to(device), (pos % bs).to(device))
+        return CrossIndex(
+            write_rows=rows.to(device),
+            write_blocks=(slots[rows] // bs).to(device),
+            write_offsets=(slots[rows] % bs).to(device),
+            keys=keys,
         )
 
     def _group_index(
@@ -156,6 +194,8 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                     layer, q[start:end], k[start:end], v[start:end], 0, sinks, alibi
                 )
             return output
+        if layer.attn_type == AttentionType.ENCODER_DECODER:
+            return self._cross_attention(layer, output, q, k, v, plan)
         index = plan.groups[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
         cache[index.write_blocks, 0, index.write_offsets] = k[index.write_rows]
@@ -185,6 +225,29 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                 sinks,
                 alibi,
                 self.num_sink_tokens,
+            )
+        return output
+
+    def _cross_attention(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        plan: ReferencePlan,
+    ) -> torch.Tensor:
+        """Write the encoder keys of this step, then every request's queries attend over all
+        of its encoder keys (no mask)."""
+        index = plan.cross[self.group_of_layer[layer.name]]
+        cache = self.kv_caches[layer.name]
+        cache[index.write_blocks, 0, index.write_offsets] = k[index.write_rows]
+        cache[index.write_blocks, 1, index.write_offsets] = v[index.write_rows]
+        out = output.view(q.shape)
+        for i, (start, end) in enumerate(plan.query_ranges):
+            blocks, offsets = index.keys[i]
+            out[start:end] = attend(
+                layer, q[start:end], cache[blocks, 0, offsets], cache[blocks, 1, offsets], 0
             )
         return output
 

@@ -161,7 +161,7 @@ def shared_prefixes(
                 "ids with --prompt-ids 1,2,3 or add the tokenizer files (tokenizer.json) to "
                 "the checkpoint directory"
             )
-        return [engine.encode(args.prompt)]
+        return [engine.tokenize(args.prompt)]
     return [[rng.randrange(engine.vocab_size) for _ in range(PREFIX_TOKENS)]
             for _ in range(NUM_PREFIXES)]  # fmt: skip
 

@@ -47,6 +47,9 @@ class SingleTypeKVCacheManager(ABC):
     frees_blocks_early: ClassVar[bool] = True
     # Whether a block can only be cached when a step ends exactly on its boundary (states).
     caches_only_at_step_ends: ClassVar[bool] = False
+    # Whether the group constrains prefix hits; False (cross-attention) leaves it out of the
+    # hit search: a request starts with no hit blocks in it.
+    takes_prefix_hits: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -97,6 +100,11 @@ class SingleTypeKVCacheManager(ABC):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Leading tokens the next token will never attend to (their blocks may be freed)."""
         return 0
+
+    def tokens_to_hold(self, num_tokens: int, num_encoder_tokens: int) -> int:
+        """Tokens this group keeps for a request holding `num_tokens` decoder tokens and
+        `num_encoder_tokens` encoder tokens (cross-attention keeps the encoder's)."""
+        return num_tokens
 
     def first_freeable_block(self) -> int:
         """Blocks before this index are kept for the whole request (attention sinks)."""

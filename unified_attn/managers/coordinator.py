@@ -64,11 +64,16 @@ class KVCacheCoordinator:
         new_computed_blocks: GroupBlocks,
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_encoder_tokens: int = 0,
     ) -> int:
         need = 0
         for m, hits in zip(self.managers, new_computed_blocks, strict=True):
             need += m.get_num_blocks_to_allocate(
-                request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap
+                request_id,
+                m.tokens_to_hold(num_tokens, num_encoder_tokens),
+                hits,
+                total_computed_tokens,
+                apply_admission_cap,
             )
         return need
 
@@ -90,8 +95,15 @@ class KVCacheCoordinator:
         for m, hits in zip(self.managers, new_computed_blocks, strict=True):
             m.add_computed_blocks(request_id, hits, num_computed)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> GroupBlocks:
-        return tuple([m.allocate_new_blocks(request_id, num_tokens) for m in self.managers])
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_encoder_tokens: int = 0
+    ) -> GroupBlocks:
+        return tuple(
+            [
+                m.allocate_new_blocks(request_id, m.tokens_to_hold(num_tokens, num_encoder_tokens))
+                for m in self.managers
+            ]
+        )
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         for m in self.managers:
@@ -120,6 +132,8 @@ class UnitaryCoordinator(KVCacheCoordinator):
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[GroupBlocks, int]:
         manager = self.managers[0]
+        if not manager.takes_prefix_hits:
+            return ([],), 0
         hashes = self._hashes_for(manager, block_hashes)
         blocks, hit = manager.find_longest_cache_hit(hashes, max_length, manager.block_size)
         return (blocks,), hit
@@ -132,14 +146,18 @@ class HybridCoordinator(KVCacheCoordinator):
         super().__init__(*args, **kwargs)
         # Downward-closed (full attention) groups first: their left-to-right scan is a cheap
         # upper bound, later only trimmed.
+        # Groups that take no hits (cross-attention) are left out: they start empty.
         self.hit_order = sorted(
-            range(len(self.managers)), key=lambda g: not self.managers[g].hit_is_downward_closed
+            (g for g, m in enumerate(self.managers) if m.takes_prefix_hits),
+            key=lambda g: not self.managers[g].hit_is_downward_closed,
         )
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[GroupBlocks, int]:
         hashes = [self._hashes_for(m, block_hashes) for m in self.managers]
+        if not self.hit_order:
+            return tuple([] for _ in self.managers), 0
         hit = max_length // self.alignment * self.alignment
         results: list[list[KVCacheBlock] | None] = [None] * len(self.managers)
         while True:

@@ -46,14 +46,18 @@ def hash_block_tokens(
 def block_extra_keys(request: Request, block_start: int) -> ExtraKeys | None:
     """Tagged extra keys of the block starting at token `block_start`.
 
-    The adapter (LoRA) identity is on every block; the cache salt on the first block only (the
-    chain carries it onward). Tags keep a salt equal to an adapter name from colliding.
+    The adapter (LoRA) identity is on every block; the cache salt and the encoder input's
+    digest (encoder-decoder models: the decoder's keys depend on it) on the first block only
+    (the chain carries them onward). Tags keep a salt equal to an adapter name from colliding.
     """
     keys: list[tuple[str, object]] = []
     if request.lora_name is not None:
         keys.append(("adapter", request.lora_name))
     if block_start == 0 and request.cache_salt is not None:
         keys.append(("cache_salt", request.cache_salt))
+    if block_start == 0 and request.encoder_token_ids:
+        digest = hashlib.sha256(_token_bytes(request.encoder_token_ids)).hexdigest()
+        keys.append(("encoder", digest))
     return tuple(keys) or None
 
 

@@ -147,6 +147,8 @@ class KVCacheManager:
         - `lookahead` = `num_lookahead_tokens`: extra slots (speculative drafts) that are
           never cached.
         - `full_sequence_must_fit`: refuse unless the request's whole known sequence fits.
+        - Encoder-decoder requests (`request.num_encoder_tokens > 0`): cross-attention groups
+          hold the encoder tokens, all of them from the first allocation on.
 
         Before allocating, each group frees the blocks its policy no longer needs (sliding
         window, chunked local, state), counting only settled tokens
@@ -172,15 +174,20 @@ class KVCacheManager:
             )
         coordinator = self.coordinator
         num_free = self.block_pool.get_num_free_blocks()
+        encoder = request.num_encoder_tokens
         if full_sequence_must_fit:
             whole = min(request.num_tokens, self.max_model_len)
-            need = coordinator.get_num_blocks_to_allocate(rid, whole, hits, total_computed, True)
+            need = coordinator.get_num_blocks_to_allocate(
+                rid, whole, hits, total_computed, True, encoder
+            )
             if need > num_free:
                 return None
         num_tokens = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         # Free only on the settled basis: an in-flight step may still read the window.
         settled = max(0, total_computed - request.num_in_flight_tokens)
-        need = coordinator.get_num_blocks_to_allocate(rid, num_tokens, hits, total_computed)
+        need = coordinator.get_num_blocks_to_allocate(
+            rid, num_tokens, hits, total_computed, num_encoder_tokens=encoder
+        )
         if need > num_free and need > num_free + coordinator.num_freeable_skipped_blocks(
             rid, settled
         ):
@@ -189,7 +196,7 @@ class KVCacheManager:
         coordinator.remove_skipped_blocks(rid, settled)
         if new_computed_blocks is not None or num_new_computed_tokens:
             coordinator.add_computed_blocks(rid, hits, total_computed)
-        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens)
+        new_blocks = coordinator.allocate_new_blocks(rid, num_tokens, encoder)
         if self.enable_caching:
             # Never cache tokens that are not part of the request yet (drafts, lookahead).
             coordinator.cache_blocks(

@@ -71,9 +71,28 @@ def read_hf_config(path: Path) -> HFConfig:
     return hf
 
 
+# Encoder-only and encoder-decoder architectures (`hf_encoders`): architecture -> family.
+ENCODER_ARCHITECTURES = {
+    "BertModel": "bert",
+    "BertForMaskedLM": "bert",
+    "BartForConditionalGeneration": "bart",
+    "BartModel": "bart",
+}
+ENCODER_MODEL_TYPES = {"bert": "bert", "bart": "bart"}
+
+
 def supported_architectures() -> list[str]:
     """The `architectures` entries of `config.json` that load, sorted (for the CLI's listing)."""
-    return sorted(ARCHITECTURES)
+    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES])
+
+
+def encoder_family(hf: HFConfig) -> str | None:
+    """"bert" or "bart" when `config.json` names an encoder-only or encoder-decoder
+    architecture (or, without `architectures`, its model type), else None."""
+    archs = hf.get("architectures")
+    if archs:
+        return ENCODER_ARCHITECTURES.get(archs[0])
+    return ENCODER_MODEL_TYPES.get(hf.get("model_type", ""))
 
 
 def rename_weight(architecture: str, name: str) -> str:

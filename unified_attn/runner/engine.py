@@ -4,7 +4,6 @@ and a step-by-step serving loop, with vLLM-shaped outputs (`RequestOutput`, `Com
 
 from __future__ import annotations
 
-import operator
 import re
 import time
 from collections import deque
@@ -22,10 +21,12 @@ from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.outputs import (
+    EncodeOutput,
     RequestOutput,
     SampleLogprobs,
     StreamDelta,
 )
+from unified_attn.runner.prompts import PromptReader, ReadPrompt
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.sequences import (
     FINISH_REASONS,
@@ -42,16 +43,14 @@ from unified_attn.sampling_params import SamplingParams
 
 @attrs.frozen
 class _Prompt:
-    """A validated prompt: its token ids, its text if given as text, and its parameters."""
+    """A validated prompt: its token ids (and the encoder's), its text if given as text, and
+    its parameters."""
 
-    token_ids: list[int]
-    text: str | None
+    read: ReadPrompt
     params: SamplingParams
 
 
 _AUTO_ID = re.compile(r"req-(\d+)")
-
-_PROMPT_KEYS = ("prompt", "prompt_token_ids")
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 
@@ -82,6 +81,8 @@ class LLMEngine:
         )
         self.vocab_size = source.vocab_size
         self.max_model_len = source.max_model_len
+        self.kind = source.kind
+        self._source = source
         memory = None if config.kv_cache_memory is None else parse_memory(config.kv_cache_memory)
         max_in_flight = min(config.max_num_batched_tokens, self.max_model_len)
         self.worker = Worker(
@@ -135,22 +136,45 @@ class LLMEngine:
     def kv_cache_report(self) -> KVCacheReport:
         return self.worker.report()
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+    @property
+    def prompts(self) -> PromptReader:
+        """Reads and checks prompts for this model (with the engine's current tokenizer)."""
+        source = self._source
+        return PromptReader(
+            self.tokenizer,
+            self.vocab_size,
+            self.max_model_len,
+            source.kind,
+            source.decoder_start_token_id,
+            source.max_encoder_len,
+        )
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
         """Text through the tokenizer, or token ids as a list of ints."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass token ids instead of text")
-            return list(self.tokenizer.encode(prompt))
-        if isinstance(prompt, (bytes, Mapping)) or not isinstance(prompt, Sequence):
+        return self.prompts.tokenize(prompt)
+
+    def encode(self, prompts: PromptType | Sequence[PromptType]) -> list[EncodeOutput]:
+        """Encoder-only models: each prompt's last hidden states `[num_tokens, hidden_size]`,
+        in input order. Prompts are packed into forwards of at most `max_num_batched_tokens`
+        tokens and `max_num_seqs` prompts (a longer prompt runs alone: bidirectional attention
+        cannot be chunked). Every prompt is checked before any runs."""
+        if self.kind != "encoder_only":
             raise ValueError(
-                f"a prompt must be text, a list of token ids or a dict with one of "
-                f"{list(_PROMPT_KEYS)}, got {type(prompt).__name__}"
+                f"encode: {self.config.model!r} is a {self.kind.replace('_', '-')} model; encode() "
+                "serves encoder-only models (BERT), use generate() for this one"
             )
-        ids: list[Any] = list(prompt)
-        bad = [t for t in ids if isinstance(t, bool) or not hasattr(t, "__index__")]
-        if bad:
-            raise ValueError(f"token ids must be ints, got {bad[0]!r} in the prompt")
-        return [operator.index(t) for t in ids]
+        batch = _as_list("encode", prompts)
+        read = [
+            self.prompts.read(f"encode: prompt {i}", p, generating=False)
+            for i, p in enumerate(batch)
+        ]
+        outputs: list[EncodeOutput] = []
+        for chunk in _pack([r.token_ids for r in read], self.config.max_num_batched_tokens,
+                           self.config.max_num_seqs):  # fmt: skip
+            hidden = self.runner.encode([read[i].token_ids for i in chunk])
+            for i, states in zip(chunk, hidden, strict=True):
+                outputs.append(EncodeOutput(read[i].token_ids, states.cpu(), read[i].text))
+        return outputs
 
     def add_request(
         self,
@@ -202,47 +226,14 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or bool(self._outputs)
 
     def _prepare(self, what: str, prompt: Any, params: Any) -> _Prompt:
+        if self.kind == "encoder_only":
+            raise ValueError(
+                f"{what}: {self.config.model!r} is an encoder-only model, it generates no "
+                "tokens; use encode(prompts) for its hidden states"
+            )
         params = SamplingParams() if params is None else params
         self._check_params(what, params)
-        text, token_ids = self._read_prompt(what, prompt)
-        self._check_prompt(what, token_ids)
-        return _Prompt(token_ids, text, params)
-
-    def _read_prompt(self, what: str, prompt: Any) -> tuple[str | None, list[int]]:
-        """(text or None, token ids) of a prompt given as text, ids or a vLLM-style dict."""
-        if isinstance(prompt, Mapping):
-            keys = [k for k in _PROMPT_KEYS if k in prompt]
-            extra = sorted(set(prompt) - set(_PROMPT_KEYS))
-            if len(keys) != 1 or extra:
-                raise ValueError(
-                    f"{what}: a prompt dict needs exactly one of {list(_PROMPT_KEYS)} and nothing "
-                    f"else, got the keys {sorted(prompt)}"
-                )
-            prompt = prompt[keys[0]]
-            if keys[0] == "prompt" and not isinstance(prompt, str):
-                raise ValueError(f"{what}: 'prompt' must be text, got {type(prompt).__name__}")
-            if keys[0] == "prompt_token_ids" and isinstance(prompt, str):
-                raise ValueError(f"{what}: 'prompt_token_ids' must be token ids, got text")
-        try:
-            token_ids = self.encode(prompt)
-        except ValueError as error:
-            raise ValueError(f"{what}: {error}") from None
-        return (prompt if isinstance(prompt, str) else None), token_ids
-
-    def _check_prompt(self, what: str, token_ids: list[int]) -> None:
-        if not token_ids:
-            raise ValueError(f"{what}: the prompt is empty; give at least one token")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"{what}: the prompt has {len(token_ids)} tokens but "
-                f"max_model_len={self.max_model_len} leaves no room to generate; shorten the "
-                "prompt or raise max_model_len"
-            )
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"{what}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            )
+        return _Prompt(self.prompts.read(what, prompt), params)
 
     def _check_params(self, what: str, params: Any) -> None:
         """What `SamplingParams` cannot check alone: it needs the model's tokenizer or vocab."""
@@ -283,15 +274,19 @@ class LLMEngine:
         child_ids = [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
         self._check_ids(request_id, child_ids)
         self._reserve_caller_id(request_id)
-        parent = ParentRequest(request_id, prompt.text, prompt.token_ids)
+        read = prompt.read
+        parent = ParentRequest(
+            request_id, read.text, read.token_ids, read.encoder_text, read.encoder_token_ids
+        )
         for index, child_id in enumerate(child_ids):
             params = _child_params(prompt.params, index)
             request = Request(
                 child_id,
-                prompt.token_ids,
+                read.token_ids,
                 block_hasher=self.kv_cache_manager.make_block_hasher(),
                 cache_salt=cache_salt,
                 sampling_params=params,
+                encoder_token_ids=read.encoder_token_ids,
             )
             request.skip_reading_prefix_cache = params.prompt_logits
             self.scheduler.add_request(request)
@@ -419,15 +414,7 @@ class LLMEngine:
 
     def _batch(self, what: str, prompts: Any, params: Any) -> list[_Prompt]:
         """Every prompt read and validated, with its parameters, before any is queued."""
-        if _is_single_prompt(prompts):
-            batch: list[Any] = [prompts]
-        elif isinstance(prompts, Iterable) and not isinstance(prompts, bytes):
-            batch = list(prompts)
-        else:
-            raise ValueError(
-                f"{what}: prompts must be a prompt or a list of prompts, got "
-                f"{type(prompts).__name__}"
-            )
+        batch = _as_list(what, prompts)
         if params is None or isinstance(params, SamplingParams):
             all_params = [params] * len(batch)
         elif isinstance(params, Sequence):
@@ -569,6 +556,32 @@ def _child_params(params: SamplingParams, index: int) -> SamplingParams:
         return params
     seed = None if params.seed is None else params.seed + index
     return attrs.evolve(params, n=1, seed=seed)
+
+
+def _as_list(what: str, prompts: Any) -> list[Any]:
+    """One prompt or a list of them, as a list."""
+    if _is_single_prompt(prompts):
+        return [prompts]
+    if isinstance(prompts, Iterable) and not isinstance(prompts, bytes):
+        return list(prompts)
+    raise ValueError(
+        f"{what}: prompts must be a prompt or a list of prompts, got {type(prompts).__name__}"
+    )
+
+
+def _pack(prompts: list[list[int]], max_tokens: int, max_seqs: int) -> Iterator[list[int]]:
+    """Indices of consecutive prompts whose tokens fit `max_tokens` (at most `max_seqs` of
+    them); a prompt longer than `max_tokens` goes alone."""
+    chunk: list[int] = []
+    used = 0
+    for i, ids in enumerate(prompts):
+        if chunk and (used + len(ids) > max_tokens or len(chunk) == max_seqs):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(i)
+        used += len(ids)
+    if chunk:
+        yield chunk
 
 
 def _is_single_prompt(prompts: Any) -> bool:

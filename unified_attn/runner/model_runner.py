@@ -3,18 +3,27 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import attrs
 import numpy as np
 import torch
 
-from unified_attn.backend import AttentionBackend, CommonAttentionMetadata
+from unified_attn.backend import AttentionBackend, AttentionType, CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.sampler import Sampler, TokenLogprobs
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
 from unified_attn.utils import cdiv
+
+
+@attrs.frozen
+class EncoderInputs:
+    """One pass of self-attention layers that keep no cache (an encoder), over whole inputs."""
+
+    common: CommonAttentionMetadata  # the inputs packed back to back, nothing computed before
+    input_ids: torch.Tensor  # device [E] int64
 
 
 @attrs.frozen
@@ -25,6 +34,30 @@ class StepInputs:
     block_tables: dict[int, torch.Tensor]  # device: group id -> [B, width] int32 block ids
     input_ids: torch.Tensor  # device [T] int64
     sample_rows: list[int]  # host: token rows whose logits are sampled (one per request)
+    # Encoder-decoder models: the encoder pass of the requests admitted this step (their
+    # encoder outputs become the cross-attention keys); None when no encoder runs.
+    encoder: EncoderInputs | None = None
+
+
+def encoder_metadata(lengths: list[int], device: torch.device) -> CommonAttentionMetadata:
+    """The batch of an encoder pass: inputs of `lengths` tokens, positions from 0, no cache."""
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    qsl = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(lens, 0)
+    positions = torch.cat([torch.arange(n, dtype=torch.int64) for n in lengths])
+    return CommonAttentionMetadata(
+        query_start_loc=qsl.to(device),
+        query_start_loc_cpu=qsl,
+        seq_lens=lens.to(device),
+        seq_lens_cpu=lens,
+        num_computed_tokens_cpu=torch.zeros(len(lengths), dtype=torch.int32),
+        positions=positions.to(device),
+        num_reqs=len(lengths),
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=max(lengths),
+        max_seq_len=max(lengths),
+        slot_mappings={},
+    )
 
 
 @attrs.define
@@ -116,12 +149,18 @@ class ModelRunner:
         self.model = model
         self.device = torch.device(device)
         self.block_sizes = [g.block_size for g in plan.groups]
-        self.block_tables = BlockTables(self.block_sizes, max_num_seqs, max_model_len)
+        # cross-attention groups: their slot mappings cover encoder tokens, not decoder tokens
+        self.cross_gids = cross_group_ids(plan)
+        self.encoder_backends = no_cache_backends(model)
+        max_tokens = max([max_model_len] + [n for n in encoder_limits(plan)])
+        self.block_tables = BlockTables(self.block_sizes, max_num_seqs, max_tokens)
         self.backend_groups = backend_group_ids(plan)
         self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.graphs: DecodeGraphs | None = None
-        graphs_supported = bool(self.backend_groups) and all(
-            type(b).supports_cuda_graphs() for b, _ in self.backend_groups
+        graphs_supported = (
+            bool(self.backend_groups)
+            and not self.cross_gids
+            and all(type(b).supports_cuda_graphs() for b, _ in self.backend_groups)
         )
         if cuda_graphs and self.device.type == "cuda" and graphs_supported:
             widths = [t.shape[1] for t in self.block_tables.tables]
@@ -153,10 +192,15 @@ class ModelRunner:
             assert self.graphs is not None
             logits = self.graphs.run(inputs.input_ids, common, inputs.block_tables)
         else:
+            with torch.inference_mode():
+                encoder_hidden = self._run_encoder(inputs.encoder)
             for backend, gids in self.backend_groups:
                 backend.prep_forward(common, {gid: inputs.block_tables[gid] for gid in gids})
             with torch.inference_mode():
-                hidden = self.model(inputs.input_ids, common.positions)
+                if self.cross_gids:
+                    hidden = self.model(inputs.input_ids, common.positions, encoder_hidden)
+                else:
+                    hidden = self.model(inputs.input_ids, common.positions)
                 if inputs.sample_rows:
                     rows = torch.tensor(inputs.sample_rows, device=self.device)
                     logits = self.model.compute_logits(hidden[rows])
@@ -174,6 +218,26 @@ class ModelRunner:
             if request.sampling_params.return_logits:
                 result.sample_logits[rid] = logits[i].cpu()
         return result
+
+    def _run_encoder(self, encoder: EncoderInputs | None) -> torch.Tensor | None:
+        """The encoder outputs `[E, hidden]` of the requests admitted this step, or None."""
+        if encoder is None:
+            return None
+        for backend in self.encoder_backends:
+            backend.prep_forward(encoder.common, {})
+        return self.model.encode(encoder.input_ids, encoder.common.positions)
+
+    @torch.inference_mode()
+    def encode(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Encoder-only models: the last hidden states `[len, hidden]` of each prompt, computed
+        in one packed forward (the caller keeps the batch within its token budget)."""
+        common = encoder_metadata([len(p) for p in prompts], self.device)
+        for backend in self.encoder_backends:
+            backend.prep_forward(common, {})
+        ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=self.device)
+        hidden = self.model(ids, common.positions)
+        starts = common.query_start_loc_cpu.tolist()
+        return [hidden[a:b] for a, b in itertools.pairwise(starts)]
 
     def _use_graphs(self, output: SchedulerOutput) -> bool:
         """Decode steps (every request one token, each sampled) that fit a captured size."""
@@ -212,6 +276,10 @@ class ModelRunner:
             slots = table[token_rows, block_index].astype(np.int64) * bs + block_offset
             slot_mappings[gid] = torch.from_numpy(slots).to(dev)
             tables[gid] = torch.from_numpy(table[rows]).to(dev)
+        encoder = None
+        encoder_lens = None
+        if self.cross_gids:
+            encoder, encoder_lens = self._encoder_inputs(output, rows, slot_mappings)
         qsl = torch.tensor(layout.query_start, dtype=torch.int32)
         seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int32)
         common = CommonAttentionMetadata(
@@ -227,9 +295,36 @@ class ModelRunner:
             max_seq_len=max(layout.seq_lens),
             slot_mappings=slot_mappings,
             block_sizes=dict(enumerate(self.block_sizes)),
+            encoder_seq_lens_cpu=encoder_lens,
+            encoder_seq_lens=None if encoder_lens is None else encoder_lens.to(dev),
         )
         input_ids = torch.tensor(layout.input_ids, dtype=torch.int64, device=dev)
-        return StepInputs(common, tables, input_ids, layout.sample_rows)
+        return StepInputs(common, tables, input_ids, layout.sample_rows, encoder)
+
+    def _encoder_inputs(
+        self, output: SchedulerOutput, rows: np.ndarray, slot_mappings: dict[int, torch.Tensor]
+    ) -> tuple[EncoderInputs | None, torch.Tensor]:
+        """The encoder pass of requests (re)starting this step, and the cross groups' slot
+        mappings `[E]` (replacing the decoder-token ones): where their encoder keys go."""
+        runs = [
+            (i, e.request.encoder_token_ids)
+            for i, e in enumerate(output.scheduled)
+            if e.is_new and e.request.encoder_token_ids
+        ]
+        lengths = [len(ids) for _, ids in runs]
+        positions = np.concatenate([np.arange(n) for n in lengths]) if runs else np.zeros(0, int)
+        token_rows = np.repeat(rows[[i for i, _ in runs]], lengths)
+        for gid in self.cross_gids:
+            bs, table = self.block_sizes[gid], self.block_tables.tables_np[gid]
+            slots = table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
+            slot_mappings[gid] = torch.from_numpy(slots).to(self.device)
+        encoder_lens = torch.tensor(
+            [e.request.num_encoder_tokens for e in output.scheduled], dtype=torch.int32
+        )
+        if not runs:
+            return None, encoder_lens
+        ids = torch.tensor([t for _, p in runs for t in p], dtype=torch.int64, device=self.device)
+        return EncoderInputs(encoder_metadata(lengths, self.device), ids), encoder_lens
 
     def _layout(self, output: SchedulerOutput) -> _HostLayout:
         """Update the block tables and lay out the scheduled tokens, request after request."""
@@ -258,6 +353,36 @@ class ModelRunner:
             if end == len(request.all_token_ids):  # reached its known tokens: sample
                 layout.sample_rows.append(layout.query_start[-1] - 1)
         return layout
+
+
+def cross_group_ids(plan: KVCachePlan) -> list[int]:
+    """KV-cache groups of cross-attention layers (they hold encoder keys and values)."""
+    return [
+        gid
+        for gid, group in enumerate(plan.groups)
+        if any(lp.layer.attn_type == AttentionType.ENCODER_DECODER for lp in group.layers)
+    ]
+
+
+def encoder_limits(plan: KVCachePlan) -> list[int]:
+    """The longest encoder input of each cross-attention backend of the plan."""
+    return [
+        lp.backend.max_encoder_len
+        for group in plan.groups
+        for lp in group.layers
+        if lp.backend.max_encoder_len is not None
+    ]
+
+
+def no_cache_backends(model: Any) -> list[AttentionBackend]:
+    """Distinct backend instances of the model's encoder and encoder-only layers (none without
+    a model: runners that only lay batches out)."""
+    out: list[AttentionBackend] = []
+    for layer, backend in model.attention_layers() if model is not None else ():
+        no_cache = layer.attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
+        if no_cache and all(backend is not b for b in out):
+            out.append(backend)
+    return out
 
 
 def backend_group_ids(plan: KVCachePlan) -> list[tuple[AttentionBackend, list[int]]]:

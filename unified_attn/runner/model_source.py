@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from unified_attn.backend import AttentionBackend
+from unified_attn.backend import AttentionBackend, AttentionType
 from unified_attn.legacy_adapter import (
     LegacyAttentionBackend,
     LegacyBackendAdapter,
@@ -32,7 +32,17 @@ from unified_attn.models import (
     get_preset,
     supported_architectures,
 )
+from unified_attn.models.bart import BartConfig
+from unified_attn.models.bert import BertConfig
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
+from unified_attn.models.hf_config import encoder_family
+from unified_attn.models.hf_encoders import (
+    bart_config_from_hf,
+    bert_config_from_hf,
+    load_bart,
+    load_bert,
+)
+from unified_attn.runner.prompts import ModelKind
 from unified_attn.selector import (
     SelectorConfig,
     backend_priorities,
@@ -50,36 +60,64 @@ DEFAULT_MODEL = "tiny-llama"  # `LLMEngine`'s and `unified-attn run`'s default
 class ModelSource:
     """A loaded model with what the engine needs to know about it."""
 
-    model: DecoderModel
+    model: Any  # DecoderModel, EncoderDecoderModel or BertEncoderModel
     tokenizer: Any
     backend_cls: type[AttentionBackend]
     vocab_size: int
     max_model_len: int
     eos_token_ids: tuple[int, ...]
+    kind: ModelKind = "decoder"
+    decoder_start_token_id: int | None = None  # encoder-decoder models
+    max_encoder_len: int | None = None  # encoder-decoder models: the longest encoder input
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def selector_configs(config: ModelConfig, dtype: torch.dtype, engine: Any) -> list[SelectorConfig]:
-    """One SelectorConfig per distinct attention kind of the model (state layers select their
-    own backend in `DecoderModel`)."""
-    invariant = engine.batch_invariant or batch_invariant_from_env()
+AnyModelConfig = ModelConfig | BertConfig | BartConfig
+# (head size, window, chunk, learned sinks, attention type): what selection needs of a layer
+AttentionKind = tuple[int, int | None, int | None, bool, AttentionType]
+
+
+def attention_kinds(config: AnyModelConfig) -> list[AttentionKind]:
+    """The distinct attention kinds of a model's layers (state layers select their own backend
+    in `DecoderModel`)."""
+    if isinstance(config, BertConfig):
+        return [(config.head_size, None, None, False, AttentionType.ENCODER_ONLY)]
+    if isinstance(config, BartConfig):
+        return [
+            (config.encoder_head_size, None, None, False, AttentionType.ENCODER),
+            (config.head_size, None, None, False, AttentionType.DECODER),
+            (config.head_size, None, None, False, AttentionType.ENCODER_DECODER),
+        ]
     attention = [k for k in config.layer_kinds if k.kind != "linear_state"] or [LayerKind.full()]
-    kinds = dict.fromkeys((k.window, k.chunk, k.has_sinks) for k in attention)
+    return list(
+        dict.fromkeys(
+            (config.head_size, k.window, k.chunk, k.has_sinks, AttentionType.DECODER)
+            for k in attention
+        )
+    )
+
+
+def selector_configs(
+    config: AnyModelConfig, dtype: torch.dtype, engine: Any
+) -> list[SelectorConfig]:
+    """One SelectorConfig per distinct attention kind of the model."""
+    invariant = engine.batch_invariant or batch_invariant_from_env()
     return [
         SelectorConfig(
-            head_size=config.head_size,
+            head_size=head_size,
             dtype=dtype,
             block_size=engine.block_size,
             has_sinks=sinks,
             sliding_window=window,
             attention_chunk_size=chunk,
+            attn_type=attn_type,
             device=engine.device,
             use_batch_invariant=invariant,
         )
-        for window, chunk, sinks in kinds
+        for head_size, window, chunk, sinks, attn_type in attention_kinds(config)
     ]
 
 
@@ -92,6 +130,11 @@ def load_model(engine: Any) -> ModelSource:
     selector_cfgs = selector_configs(config, dtype, engine)
     backend_cls = select_engine_backend(selector_cfgs, engine.backend)
     options = {"batch_invariant": True} if selector_cfgs[0].use_batch_invariant else {}
+    if isinstance(config, (BertConfig, BartConfig)):
+        encoder_model, encoder_tokenizer = _load_encoder_model(
+            engine, config, backend_cls, dtype, device, options
+        )
+        return _encoder_source(encoder_model, encoder_tokenizer, backend_cls, config, max_model_len)
     if engine.model in PRESETS:
         model = DecoderModel(
             config, backend_cls, dtype=dtype, device=device, backend_options=options
@@ -108,24 +151,63 @@ def load_model(engine: Any) -> ModelSource:
     )
 
 
+def _load_encoder_model(
+    engine: Any,
+    config: BertConfig | BartConfig,
+    backend_cls: type[AttentionBackend],
+    dtype: torch.dtype,
+    device: torch.device,
+    options: dict[str, Any],
+) -> tuple[Any, Any]:
+    """A BERT (encoder-only) or BART (encoder-decoder) checkpoint and its tokenizer."""
+    load = load_bert if isinstance(config, BertConfig) else load_bart
+    path = checkpoint_path(engine.model)
+    return load(path, backend_cls, dtype=dtype, device=device, backend_options=options)
+
+
+def _encoder_source(
+    model: Any,
+    tokenizer: Any,
+    backend_cls: type[AttentionBackend],
+    config: BertConfig | BartConfig,
+    max_model_len: int,
+) -> ModelSource:
+    common = (model, tokenizer, backend_cls, config.vocab_size, max_model_len)
+    if isinstance(config, BertConfig):
+        return ModelSource(*common, config.eos_token_ids, kind="encoder_only")
+    return ModelSource(
+        *common,
+        config.eos_token_ids,
+        kind="encoder_decoder",
+        decoder_start_token_id=config.decoder_start_token_id,
+        max_encoder_len=config.max_position_embeddings,
+    )
+
+
 def checkpoint_path(model: str) -> Path:
     return Path(os.path.expanduser(model))
 
 
-def model_config(model: str) -> ModelConfig:
+def model_config(model: str) -> AnyModelConfig:
     """The config of a preset or of a Hugging Face checkpoint directory."""
     if model in PRESETS:
         return get_preset(model)
     path = checkpoint_path(model)
     if path.is_dir():
-        return config_from_hf(read_hf_config(path), name=path.name)
+        hf = read_hf_config(path)
+        family = encoder_family(hf)
+        if family == "bert":
+            return bert_config_from_hf(hf, name=path.name)
+        if family == "bart":
+            return bart_config_from_hf(hf, name=path.name)
+        return config_from_hf(hf, name=path.name)
     raise ValueError(
         f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
         "checkpoint directory; see `unified-attn models`"
     )
 
 
-def resolve_max_model_len(requested: Any, config: ModelConfig) -> int:
+def resolve_max_model_len(requested: Any, config: AnyModelConfig) -> int:
     """`requested`, checked against the model, or the model's max_position_embeddings."""
     limit = config.max_position_embeddings
     if requested is None:

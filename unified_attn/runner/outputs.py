@@ -67,6 +67,20 @@ class RequestOutput:
     prompt: str | None = None
     outputs: list[CompletionOutput] = attrs.Factory(list)
     finished: bool = True
+    # encoder-decoder models: the encoder's input (its text, when given as text)
+    encoder_prompt_token_ids: list[int] | None = None
+    encoder_prompt: str | None = None
+
+
+@attrs.frozen
+class EncodeOutput:
+    """What `LLMEngine.encode` returns per prompt (encoder-only models): the prompt's token ids,
+    its text when given as text, and the last layer's hidden states `[num_tokens, hidden_size]`
+    (host, the model's dtype)."""
+
+    prompt_token_ids: list[int]
+    hidden_states: torch.Tensor
+    prompt: str | None = None
 
 
 @attrs.frozen

@@ -51,6 +51,8 @@ class ParentRequest:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
+    encoder_prompt: str | None = None
+    encoder_prompt_token_ids: list[int] | None = None
     sequences: list[SequenceState] = attrs.Factory(list)
 
     @property
@@ -95,6 +97,8 @@ def request_output(parent: ParentRequest) -> RequestOutput:
         first.logits,
         prompt=parent.prompt,
         outputs=outputs,
+        encoder_prompt_token_ids=parent.encoder_prompt_token_ids,
+        encoder_prompt=parent.encoder_prompt,
     )
 
 

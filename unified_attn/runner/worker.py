@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import torch
 
-from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.managers import KVCacheGroup, KVCacheManager, SchedulerKVCacheConfig
 from unified_attn.runner.memory import format_memory, host_memory_bytes
 from unified_attn.tensor_specs import KVCacheTensorSpec
@@ -84,10 +84,11 @@ def plan_kv_cache(
     buckets: dict[tuple[type, Any], list[LayerPlan]] = {}
     backends: list[AttentionBackend] = []
     for layer, backend in layers:
-        if layer.attn_type == AttentionType.ENCODER_ONLY:
-            continue  # no KV cache
         backend.check_layer(layer)
-        manager_cls, config, spec = backend.get_cache_config()
+        cache_config = backend.get_cache_config()
+        if cache_config is None:
+            continue  # encoder and encoder-only self-attention keep no KV cache
+        manager_cls, config, spec = cache_config
         buckets.setdefault((manager_cls, config), []).append(LayerPlan(layer, backend, spec))
         if all(backend is not b for b in backends):
             backends.append(backend)

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from unified_attn.backend import AttentionBackend
+from unified_attn.backend import AttentionBackend, require_cache_config
 from unified_attn.harness.conformance.cells import LAYER, Cell
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
 from unified_attn.harness.conformance.steps import GROUP_ID, Step
@@ -16,7 +16,7 @@ from unified_attn.harness.conformance.steps import GROUP_ID, Step
 
 def bind(backend: AttentionBackend, cell: Cell, num_blocks: int, seed: int, device: str) -> None:
     """A strided view (block stride twice the page, offset one page) over seeded garbage."""
-    _, _, spec = backend.get_cache_config()
+    _, _, spec = require_cache_config(backend)
     page = spec.page_size_bytes(cell.block_size)
     buffer = torch.empty(2 * page * (num_blocks + 1), dtype=torch.uint8, device=device)
     garbage = buffer.view(cell.dtype)

@@ -17,7 +17,12 @@ from typing import Any
 import attrs
 import torch
 
-from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
+from unified_attn.backend import (
+    AttentionBackend,
+    CommonAttentionMetadata,
+    LayerConfig,
+    require_cache_config,
+)
 from unified_attn.harness.conformance.cells import LAYER
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
 from unified_attn.harness.conformance.steps import GROUP_ID, batch_metadata
@@ -155,7 +160,7 @@ def _check_bad_inputs(
 
 def _check_cache_config(backend_cls: type[AttentionBackend], cell: StateCell) -> str:
     a, b = backend_cls(**cell.backend_kwargs()), backend_cls(**cell.backend_kwargs())
-    manager, config, spec = a.get_cache_config()
+    manager, config, spec = require_cache_config(a)
     if manager is not StateManager or not isinstance(spec, StateSpec):
         return f"fail: expected StateManager and a StateSpec, got {manager.__name__}, {spec}"
     if a.get_cache_config() != b.get_cache_config() or config.mamba_cache_mode != cell.mode:
@@ -167,7 +172,7 @@ def _bind(
     backend: AttentionBackend, cell: StateCell, device: str, gen: torch.Generator
 ) -> tuple[torch.Tensor, int]:
     """State views over garbage, block stride twice the page, offset one page."""
-    _, _, spec = backend.get_cache_config()
+    _, _, spec = require_cache_config(backend)
     num_blocks = sum(cdiv(sum(n[i] for n in cell.steps), cell.block_size)
                      for i in range(len(cell.steps[0]))) + 4  # fmt: skip
     page = spec.page_size_bytes(cell.block_size)
