@@ -5,15 +5,15 @@ The public API, by who uses it:
 
 - **Running models**: `LLM` (vLLM's offline interface, docs/vllm-api.md), `LLMEngine`,
   `EngineConfig`, `SamplingParams`, and the outputs `RequestOutput`, `CompletionOutput`,
-  `Logprob` and `StreamDelta`.
+  `Logprob`, `StreamDelta` and `EncodeOutput` (encoder-only models' hidden states).
 - **Writing a backend** (the contract is on `AttentionBackend`): `AttentionBackend`,
   `AttentionType`, `LayerConfig`, `CommonAttentionMetadata`, `CacheConfig`, `register_backend`,
   `select_backend`, `SelectorConfig`, and the tensor specs `KVCacheTensorSpec`, `PagedKVSpec`,
   `StateSpec`. Four-class backends go through `unified_attn.legacy_adapter`.
 - **Writing a KV-cache policy**: `SingleTypeKVCacheManager` and the managers to subclass
   (`FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`,
-  `StreamingSinkManager`, `StateManager`), and `KVCacheManager` with `SchedulerKVCacheConfig`
-  and `Request` to drive a policy on its own.
+  `StreamingSinkManager`, `StateManager`, `CrossAttentionManager`), and `KVCacheManager` with
+  `SchedulerKVCacheConfig` and `Request` to drive a policy on its own.
 
 Everything else is importable from its module (`unified_attn.managers.block_pool`,
 `unified_attn.runner.scheduler`, ...) but is not part of the API.
@@ -29,6 +29,7 @@ from unified_attn.backend import (
 from unified_attn.llm import LLM
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
+    CrossAttentionManager,
     FullAttentionManager,
     KVCacheManager,
     SchedulerKVCacheConfig,
@@ -40,7 +41,13 @@ from unified_attn.managers import (
 from unified_attn.request import Request
 from unified_attn.runner.config import EngineConfig
 from unified_attn.runner.engine import LLMEngine
-from unified_attn.runner.outputs import CompletionOutput, Logprob, RequestOutput, StreamDelta
+from unified_attn.runner.outputs import (
+    CompletionOutput,
+    EncodeOutput,
+    Logprob,
+    RequestOutput,
+    StreamDelta,
+)
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import SelectorConfig, register_backend, select_backend
 from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec
@@ -51,6 +58,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LLM",
     "CompletionOutput",
+    "EncodeOutput",
     "EngineConfig",
     "LLMEngine",
     "Logprob",
@@ -76,6 +84,7 @@ __all__ += [
 # writing a KV-cache policy
 __all__ += [
     "ChunkedLocalAttentionManager",
+    "CrossAttentionManager",
     "FullAttentionManager",
     "KVCacheManager",
     "Request",

@@ -15,14 +15,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from unified_attn.runner.engine import LLMEngine, PromptType
-from unified_attn.runner.outputs import RequestOutput, StreamDelta
+from unified_attn.runner.outputs import EncodeOutput, RequestOutput, StreamDelta
 from unified_attn.sampling_params import SamplingParams
 
 
 class LLM:
     """A model behind vLLM's `LLM` interface: `LLM(model, **engine_kwargs)`, then
     `generate(prompts, sampling_params)` for finished outputs or `stream(...)` for per-step
-    deltas.
+    deltas; encoder-only models (BERT) answer `encode(prompts)` with hidden states, and
+    encoder-decoder models (BART) take `{"encoder_prompt_token_ids": ..., "prompt_token_ids":
+    ...}` prompts (a plain prompt is the encoder's input).
 
     `model` is a preset name or a Hugging Face checkpoint directory; `engine_kwargs` are
     `EngineConfig`'s (`device`, `dtype`, `max_model_len`, `gpu_memory_utilization`, `seed`,
@@ -66,3 +68,8 @@ class LLM:
         """`generate`, but yielding a `StreamDelta` per completion for every step that adds to it
         (see `LLMEngine.stream`)."""
         return self.llm_engine.stream(prompts, sampling_params)
+
+    def encode(self, prompts: PromptType | Sequence[PromptType]) -> list[EncodeOutput]:
+        """Encoder-only models: one `EncodeOutput` per prompt with `.hidden_states`, the last
+        layer's `[num_tokens, hidden_size]` (see `LLMEngine.encode`)."""
+        return self.llm_engine.encode(prompts)

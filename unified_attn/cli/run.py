@@ -167,8 +167,14 @@ def shared_prefixes(
 
 
 def check_fits(engine: LLMEngine, args: argparse.Namespace, prefix_len: int) -> None:
-    """The longest request (prefix, longest tail) plus `--max-tokens` must fit max_model_len."""
-    needed = prefix_len + TAIL_TOKENS[1] + args.max_tokens
+    """The longest request (prefix, longest tail) plus `--max-tokens` must fit max_model_len.
+    Encoder-decoder models: the prompt is the encoder's input and must fit its limit, the
+    decoder generates after its start token; encoder-only models generate nothing."""
+    if engine.kind == "encoder_decoder":
+        check_encoder_fits(engine, args, prefix_len)
+        return
+    output = 0 if engine.kind == "encoder_only" else args.max_tokens
+    needed = prefix_len + TAIL_TOKENS[1] + output
     if needed <= engine.max_model_len:
         return
     option = prompt_option(args)
@@ -178,6 +184,24 @@ def check_fits(engine: LLMEngine, args: argparse.Namespace, prefix_len: int) -> 
         f"tokens and --max-tokens {args.max_tokens}) but max_model_len is "
         f"{engine.max_model_len}; " + " or ".join(fixes(engine, args, prefix_len, needed))
     )
+
+
+def check_encoder_fits(engine: LLMEngine, args: argparse.Namespace, prefix_len: int) -> None:
+    limit = engine.prompts.max_encoder_len or 0
+    needed = prefix_len + TAIL_TOKENS[1]
+    if needed > limit:
+        option = prompt_option(args) or "--prompt-ids"
+        raise ValueError(
+            f"encoder prompts need up to {needed} tokens (a {prefix_len}-token prefix and a tail "
+            f"of up to {TAIL_TOKENS[1]}) but the model's encoder takes at most {limit}; give "
+            f"{option} of at most {max(limit - TAIL_TOKENS[1], 1)} tokens"
+        )
+    if 1 + args.max_tokens > engine.max_model_len:
+        raise ValueError(
+            f"--max-tokens {args.max_tokens} does not fit the decoder's max_model_len "
+            f"{engine.max_model_len} after its start token; lower --max-tokens to at most "
+            f"{engine.max_model_len - 1}"
+        )
 
 
 def prompt_option(args: argparse.Namespace) -> str | None:
@@ -211,7 +235,12 @@ def run(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     engine = LLMEngine(args.model, **engine_kwargs(args))
     setup_s = time.perf_counter() - start
-    for prompt in make_workload(engine, args):
+    workload = make_workload(engine, args)
+    if engine.kind == "encoder_only":
+        return run_encode(engine, args, workload, setup_s)
+    for ids in workload:
+        # an encoder-decoder model reads the workload as encoder inputs
+        prompt = {"encoder_prompt_token_ids": ids} if engine.kind == "encoder_decoder" else ids
         engine.add_request(prompt, params)
     finished = []
     run_start = time.perf_counter()
@@ -227,6 +256,29 @@ def run(args: argparse.Namespace) -> dict:
     return make_report(engine, args, finished, setup_s, elapsed)
 
 
+def run_encode(
+    engine: LLMEngine, args: argparse.Namespace, workload: list[list[int]], setup_s: float
+) -> dict:
+    """Encoder-only models: the workload's hidden states, timed (`--max-tokens` is unused)."""
+    start = time.perf_counter()
+    outputs = engine.encode(workload)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.prompt_token_ids) for o in outputs)
+    return {
+        "model": args.model,
+        "device": args.device,
+        "backend": engine.backend_cls.name,
+        "mode": "encode",
+        "num_requests": len(outputs),
+        "kv_cache": engine.kv_cache_report.as_dict(),
+        "encoded_tokens": tokens,
+        "encoded_tokens_per_s": tokens / elapsed if elapsed else 0.0,
+        "hidden_size": int(outputs[0].hidden_states.shape[1]),
+        "setup_s": setup_s,
+        "elapsed_s": elapsed,
+    }
+
+
 def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: float) -> dict:
     stats = engine.stats
     prefix = engine.kv_cache_manager.prefix_cache_stats
@@ -234,6 +286,7 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
         "model": args.model,
         "device": args.device,
         "backend": engine.backend_cls.name,
+        "mode": "generate",
         "num_requests": len(finished),
         "kv_cache": engine.kv_cache_report.as_dict(),
         "prefix_cache": {
@@ -263,6 +316,9 @@ def print_report(report: dict) -> None:
 
     console = Console()
     kv = report["kv_cache"]
+    if report["mode"] == "encode":
+        print_encode_report(console, report)
+        return
     groups = Table(title="KV-cache groups", title_justify="left")
     columns = ("group", "manager", "config", "layers", "page bytes", "blocks/request",
                "freed early", "hit blocks")  # fmt: skip
@@ -288,6 +344,22 @@ def print_report(report: dict) -> None:
         ("total tokens/s", f"{report['total_tokens_per_s']:.1f}"),
         ("mean step", f"{report['mean_step_ms']:.2f} ms over {report['steps']} steps"),
     ]  # fmt: skip
+    for key, value in rows:
+        summary.add_row(key, value)
+    console.print(summary)
+
+
+def print_encode_report(console: Any, report: dict) -> None:
+    from rich.table import Table
+
+    summary = Table(title="Encode", title_justify="left", show_header=False)
+    rows = [
+        ("model / backend", f"{report['model']} / {report['backend']} on {report['device']}"),
+        ("KV cache", f"none ({len(report['kv_cache']['groups'])} groups: encoder-only model)"),
+        ("requests", str(report["num_requests"])),
+        ("hidden states", f"{report['encoded_tokens']:,} tokens x {report['hidden_size']}"),
+        ("encoded tokens/s", f"{report['encoded_tokens_per_s']:.1f}"),
+    ]
     for key, value in rows:
         summary.add_row(key, value)
     console.print(summary)

@@ -168,9 +168,11 @@ def unified_attention(
     """Paged attention of `q [T, Hq, D]` over the caches; writes `out [T, Hq, D]`.
 
     Sequence i owns query tokens `[query_start_loc[i], query_start_loc[i + 1])`, and its keys
-    are positions `[0, seq_lens[i])` mapped through `block_table[i]`. With `batch_invariant`
-    the tiles never depend on the batch (no split, the prefill tile shape for every row), so a
-    request's output is bitwise the same in any batch.
+    are positions `[0, seq_lens[i])` mapped through `block_table[i]`. Causal queries are the
+    sequence's last positions; non-causal ones (encoder, cross-attention) are numbered from 0
+    and may outnumber the keys (cross-attention: every query sees every key). With
+    `batch_invariant` the tiles never depend on the batch (no split, the prefill tile shape
+    for every row), so a request's output is bitwise the same in any batch.
     """
     num_tokens, num_q_heads, head_size = q.shape
     num_kv_heads = k_cache.shape[2]

@@ -1,34 +1,56 @@
-"""Conformance suite: any backend class through the unified contract, cell by cell, against the
-reference backend driven through the same contract.
+"""Conformance suite: any backend class through the unified contract, cell by cell, against an
+oracle, for every attention type (`AttentionType`) and recurrent-state layers.
 
-Every cell binds a strided cache view (block stride twice the page, non-zero offset) filled
-with garbage that differs between the backend and the oracle, so reading a slot nobody wrote
-shows up as a difference. Block tables are random and non-contiguous, the KV-cache group id is
-not 0, and blocks a window or chunk no longer needs are replaced by the null block as the
-managers do. A cell runs two steps: a prefill of the already-computed tokens, then the cell's
-batch. Besides the outputs it checks the contract: `get_cache_config` is pure, the output is
-written in place and returned, bad shapes and dtypes raise ValueError, and on CUDA `forward`
-neither syncs with the host nor allocates (on CPU these two are "not measurable").
+Decoder cells run against the reference backend driven through the same contract. Every one
+binds a strided cache view (block stride twice the page, non-zero offset) filled with garbage
+that differs between the backend and the oracle, so reading a slot nobody wrote shows up as a
+difference. Block tables are random and non-contiguous, the KV-cache group id is not 0, and
+blocks a window or chunk no longer needs are replaced by the null block as the managers do. A
+cell runs two steps: a prefill of the already-computed tokens, then the cell's batch.
+
+Encoder and encoder-only cells (`ENCODER_GRID`) are one packed pass over whole inputs of mixed
+lengths with no cache (`get_cache_config()` must be None, `prep_forward(common, {})`);
+cross-attention cells (`CROSS_GRID`) write each request's encoder keys into a cross cache bound
+over garbage in the step it is admitted and read them back in later steps (E = 0: an empty key).
+Their oracle is `scaled_dot_product_attention` per request in float64, independent of every
+backend (`sdpa`). A cell of a type the backend does not declare is reported "unsupported" with
+the backend's reasons.
+
+Besides the outputs every cell checks the contract: `get_cache_config` is pure and of the cell's
+kind, the output is written in place and returned, bad shapes and dtypes raise ValueError, and on
+CUDA `forward` neither syncs with the host nor allocates (on CPU these two are "not
+measurable").
 
 Backends of recurrent-state layers (`layer_kinds` with "linear_state") run the state cells of
 `state` instead: several steps through `StateManager` state blocks, against the gated linear
 recurrence computed token by token in float64.
 
-Modules: `cells` (the grid), `steps` (a cell's inputs and block tables), `checks` (the
-contract checks), `driver` (binding and stepping one backend), `oracle` (the comparison with
-the reference backend), `run` (`run_cell`, `run_conformance`), `report` (`print_report`),
-`prepare` (`prepare_cli`) and `command` (`unified-attn check`).
+Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross` (a cross cell's
+steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
+(the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
+cells), `run` (`run_cell`, `run_conformance`), `report` (`print_report`), `prepare`
+(`prepare_cli`) and `command` (`unified-attn check`).
 """
 
-from unified_attn.harness.conformance.cells import CUDA_CELLS, GRID, Cell
+from unified_attn.harness.conformance.cells import (
+    CROSS_GRID,
+    CUDA_CELLS,
+    ENCODER_GRID,
+    GRID,
+    Cell,
+    CrossCell,
+)
 from unified_attn.harness.conformance.prepare import prepare_cli
 from unified_attn.harness.conformance.report import print_report
 from unified_attn.harness.conformance.run import run_cell, run_conformance
 
 __all__ = [
+    "CROSS_GRID",
     "CUDA_CELLS",
+    "ENCODER_GRID",
     "GRID",
     "Cell",
+    "CrossCell",
     "prepare_cli",
     "print_report",
     "run_cell",

@@ -1,5 +1,7 @@
-"""The cells of the conformance grid: `Cell` (a batch's shape and the layer's options), `mixed`
-cells, the CPU `GRID` and the half-precision `CUDA_CELLS`."""
+"""The cells of the conformance grid, each carrying its attention type: `Cell` (a batch's shape
+and the layer's options: decoder cells, and encoder / encoder-only cells that keep no cache),
+`CrossCell` (cross-attention over encoder keys written in earlier steps), the CPU grids `GRID`,
+`ENCODER_GRID` and `CROSS_GRID`, and the half-precision `CUDA_CELLS`."""
 
 from __future__ import annotations
 
@@ -8,14 +10,18 @@ from typing import Any
 import attrs
 import torch
 
-from unified_attn.backend import LayerConfig
+from unified_attn.backend import AttentionType, LayerConfig
 from unified_attn.selector import SelectorConfig
 
 LAYER = "layers.0.self_attn"
+NO_CACHE_TYPES = (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
 
 
 @attrs.frozen
 class Cell:
+    """One step of `new` tokens after `computed` ones per request. Encoder and encoder-only
+    cells (no cache, compared with SDPA) have nothing computed and plain attention only."""
+
     name: str
     computed: tuple[int, ...]
     new: tuple[int, ...]
@@ -28,6 +34,19 @@ class Cell:
     soft_cap: float | None = None
     sinks: bool = False
     dtype: torch.dtype = torch.float32
+    attn_type: AttentionType = AttentionType.DECODER
+
+    def __attrs_post_init__(self) -> None:
+        if self.attn_type == AttentionType.ENCODER_DECODER:
+            raise ValueError(f"cell {self.name!r}: cross-attention cells are `CrossCell`s")
+        options = {"sliding_window": self.sliding_window, "chunk_size": self.chunk_size,
+                   "soft_cap": self.soft_cap, "sinks": self.sinks or None}  # fmt: skip
+        used = [k for k, v in options.items() if v is not None]
+        if self.attn_type in NO_CACHE_TYPES and (any(self.computed) or used):
+            raise ValueError(
+                f"cell {self.name!r}: {self.attn_type.value} cells have nothing computed and "
+                f"plain attention (their oracle is SDPA), got computed={self.computed}, {used}"
+            )
 
     def layer(self) -> LayerConfig:
         return LayerConfig(
@@ -38,6 +57,7 @@ class Cell:
             scale=self.head_size**-0.5,
             sliding_window=self.sliding_window,
             logits_soft_cap=self.soft_cap,
+            attn_type=self.attn_type,
             chunk_size=self.chunk_size,
         )
 
@@ -48,6 +68,7 @@ class Cell:
             "dtype": self.dtype,
             "sliding_window": self.sliding_window,
             "attention_chunk_size": self.chunk_size,
+            "attn_type": self.attn_type,
         }
 
     def selector_config(self, device: str) -> SelectorConfig:
@@ -58,14 +79,88 @@ class Cell:
             has_sinks=self.sinks,
             sliding_window=self.sliding_window,
             attention_chunk_size=self.chunk_size,
+            attn_type=self.attn_type,
             device=device,
             use_batch_invariant=False,
         )
 
 
+@attrs.frozen
+class CrossCell:
+    """Cross-attention in several steps. `steps[s][i]` decoder tokens of request i in step s
+    (0: not scheduled); a request's encoder keys and values are written in the first step it is
+    scheduled in (as the runner does at admission) and read from the cache afterwards."""
+
+    name: str
+    encoder: tuple[int, ...]  # encoder length of each request
+    steps: tuple[tuple[int, ...], ...]
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_size: int = 16
+    block_size: int = 16
+    dtype: torch.dtype = torch.float32
+    attn_type: AttentionType = attrs.field(default=AttentionType.ENCODER_DECODER, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        shaped = min(self.encoder) > 0 and all(len(s) == len(self.encoder) for s in self.steps)
+        scheduled = all(any(s[i] for s in self.steps) for i in range(len(self.encoder)))
+        if not (shaped and scheduled):
+            raise ValueError(
+                f"cell {self.name!r}: every request needs a positive encoder length and decoder "
+                f"tokens in some step, got encoder={self.encoder}, steps={self.steps}"
+            )
+
+    @property
+    def max_encoder_len(self) -> int:
+        return max(self.encoder)
+
+    def layer(self) -> LayerConfig:
+        return LayerConfig(
+            LAYER,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            scale=self.head_size**-0.5,
+            attn_type=self.attn_type,
+        )
+
+    def backend_kwargs(self) -> dict[str, Any]:
+        return {
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "dtype": self.dtype,
+            "attn_type": self.attn_type,
+            "max_encoder_len": self.max_encoder_len,
+        }
+
+    def selector_config(self, device: str) -> SelectorConfig:
+        return SelectorConfig(
+            head_size=self.head_size,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            attn_type=self.attn_type,
+            device=device,
+            use_batch_invariant=False,
+        )
+
+
+AttentionCell = Cell | CrossCell
+
+
 def mixed(name: str, **options: Any) -> Cell:
     """A prefill, two decodes and a chunked prefill in one batch."""
     return Cell(name, computed=(0, 17, 40, 5), new=(13, 1, 1, 20), **options)
+
+
+def packed(name: str, attn_type: AttentionType, **options: Any) -> Cell:
+    """An encoder pass: four whole inputs of mixed lengths (one of a single token)."""
+    return Cell(name, computed=(0, 0, 0, 0), new=(13, 1, 37, 6), attn_type=attn_type, **options)
+
+
+def admit_then_decode(name: str, **options: Any) -> CrossCell:
+    """Step 1 writes every encoder (one spans three blocks) and runs decoder chunks (one longer
+    than its encoder, one a single token); step 2 writes nothing and decodes a token each."""
+    return CrossCell(name, encoder=(5, 1, 19, 40), steps=((3, 4, 1, 6), (1, 1, 1, 1)), **options)
 
 
 GRID = (
@@ -81,9 +176,37 @@ GRID = (
     mixed("GQA 8:1, head 32", num_heads=8, num_kv_heads=1, head_size=32),
     mixed("block size 8", block_size=8),
 )
-CUDA_CELLS = tuple(
+ENCODER_GRID = (
+    packed("encoder-only: mixed lengths", AttentionType.ENCODER_ONLY),
+    packed("encoder-only: MHA", AttentionType.ENCODER_ONLY, num_kv_heads=4),
+    packed("encoder: mixed lengths", AttentionType.ENCODER),
+    packed("encoder: MHA, head 32", AttentionType.ENCODER, num_kv_heads=4, head_size=32),
+)
+CROSS_GRID = (
+    admit_then_decode("cross: admit, then decode"),
+    admit_then_decode("cross: MHA, block size 8", num_kv_heads=4, block_size=8),
+    # request 2 is admitted (its encoder written) while 0 and 1 read theirs from the cache
+    CrossCell(
+        "cross: staggered admission, GQA 8:1",
+        encoder=(7, 23, 2),
+        steps=((2, 5, 0), (1, 1, 3), (1, 1, 1)),
+        num_heads=8,
+        num_kv_heads=1,
+        head_size=32,
+    ),
+)
+HALF_PRECISION = (
+    "mixed",
+    "decode",
+    "sliding window 8",
+    "learned sinks",
+    "encoder-only: mixed lengths",
+    "encoder: mixed lengths",
+    "cross: admit, then decode",
+)
+CUDA_CELLS: tuple[AttentionCell, ...] = tuple(
     attrs.evolve(cell, name=f"{cell.name}, {str(dtype)[6:]}", dtype=dtype)
     for dtype in (torch.float16, torch.bfloat16)
-    for cell in GRID
-    if cell.name in ("mixed", "decode", "sliding window 8", "learned sinks")
+    for cell in GRID + ENCODER_GRID + CROSS_GRID
+    if cell.name in HALF_PRECISION
 )

@@ -1,6 +1,7 @@
 """The contract checks besides the outputs, each a "pass" / "fail: ..." / note string: a pure
-`get_cache_config`, in-place output, ValueError on bad inputs, and on CUDA no host sync and no
-allocation in `forward` (`NOT_MEASURABLE` on CPU)."""
+`get_cache_config` of the cell's kind (None for encoder and encoder-only layers, the
+cross-attention manager for cross layers), in-place output, ValueError on bad inputs, and on
+CUDA no host sync and no allocation in `forward` (`NOT_MEASURABLE` on CPU)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,40 @@ from typing import Any
 
 import torch
 
-from unified_attn.backend import AttentionBackend
-from unified_attn.harness.conformance.cells import Cell
+from unified_attn.backend import AttentionBackend, CacheConfig
+from unified_attn.harness.conformance.cells import NO_CACHE_TYPES, AttentionCell, CrossCell
 from unified_attn.harness.conformance.steps import Step
+from unified_attn.managers import CrossAttentionManager
 
 NOT_MEASURABLE = "not measurable on CPU"
 
 
-def check_cache_config(backend_cls: type[AttentionBackend], cell: Cell) -> str:
+def check_cache_config(backend_cls: type[AttentionBackend], cell: AttentionCell) -> str:
     a, b = backend_cls(**cell.backend_kwargs()), backend_cls(**cell.backend_kwargs())
-    if a.get_cache_config() != a.get_cache_config():
+    config = a.get_cache_config()
+    if config != a.get_cache_config():
         return "fail: two calls gave different triples"
-    if a.get_cache_config() != b.get_cache_config():
+    if config != b.get_cache_config():
         return "fail: equal instances gave different triples"
-    return "pass"
+    return check_cache_kind(cell, config)
+
+
+def check_cache_kind(cell: AttentionCell, config: CacheConfig | None) -> str:
+    """No cache for encoder and encoder-only layers, `CrossAttentionManager` sized by
+    `max_encoder_len` for cross layers, some cache for decoder layers."""
+    kind = cell.attn_type.value
+    found = "None" if config is None else f"({config[0].__name__}, {config[1]}, ...)"
+    if cell.attn_type in NO_CACHE_TYPES:
+        expected = "None (the layer keeps no KV cache)"
+        ok = config is None
+    elif isinstance(cell, CrossCell):
+        cross = CrossAttentionManager.Config(cell.max_encoder_len)
+        expected = f"(CrossAttentionManager, {cross}, spec)"
+        ok = config is not None and config[:2] == (CrossAttentionManager, cross)
+    else:
+        expected = "a (manager, config, spec) triple"
+        ok = config is not None
+    return "pass" if ok else f"fail: attn_type={kind} expects {expected}, got {found}"
 
 
 def check_in_place(result: Any, output: torch.Tensor) -> str:
@@ -33,7 +54,7 @@ def check_in_place(result: Any, output: torch.Tensor) -> str:
     return "pass" if same else "fail: forward did not return `output`"
 
 
-def check_bad_inputs(backend: AttentionBackend, cell: Cell, step: Step) -> str:
+def check_bad_inputs(backend: AttentionBackend, cell: AttentionCell, step: Step) -> str:
     layer = cell.layer()
     bad = {
         "key with a missing column": (step.query, step.key[:, :-1], step.value),

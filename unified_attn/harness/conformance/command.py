@@ -14,7 +14,14 @@ from unified_attn.runner.model_source import resolve_backend_name
 
 
 def add_parser(commands: Any) -> None:
-    check = commands.add_parser("check", help="run a backend through the conformance suite")
+    check = commands.add_parser(
+        "check",
+        help="run a backend through the conformance suite",
+        description="Run a backend through the conformance suite: decoder, encoder, "
+        "encoder-only and cross-attention cells (a type the backend does not declare is "
+        "reported unsupported, with its reasons), or the state cells of a recurrent-state "
+        "backend.",
+    )
     check.add_argument(
         "backend",
         help="registered name, legacy-reference / legacy-triton, or module:Class of a native or "

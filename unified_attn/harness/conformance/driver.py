@@ -1,6 +1,7 @@
 """Driving one backend through the unified contract for a cell: `bind` a strided KV-cache view
-over garbage, `run_step` (prep_forward, then forward into a NaN-filled output), recording the
-in-place, host-sync and allocation checks when asked to."""
+over garbage, `run_step` (prep_forward, with no block tables for an encoder pass, then forward
+into a NaN-filled output), recording the in-place, host-sync and allocation checks when asked
+to."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import functools
 import torch
 
 from unified_attn.backend import AttentionBackend, require_cache_config
-from unified_attn.harness.conformance.cells import LAYER, Cell
+from unified_attn.harness.conformance.cells import LAYER, AttentionCell
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
 from unified_attn.harness.conformance.steps import GROUP_ID, Step
 
 
-def bind(backend: AttentionBackend, cell: Cell, num_blocks: int, seed: int, device: str) -> None:
+def bind(
+    backend: AttentionBackend, cell: AttentionCell, num_blocks: int, seed: int, device: str
+) -> None:
     """A strided view (block stride twice the page, offset one page) over seeded garbage."""
     _, _, spec = require_cache_config(backend)
     page = spec.page_size_bytes(cell.block_size)
@@ -29,12 +32,13 @@ def bind(backend: AttentionBackend, cell: Cell, num_blocks: int, seed: int, devi
 
 def run_step(
     backend: AttentionBackend,
-    cell: Cell,
+    cell: AttentionCell,
     step: Step,
     sinks: torch.Tensor | None,
     checks: dict[str, str] | None = None,
 ) -> torch.Tensor:
-    backend.prep_forward(step.common, {GROUP_ID: step.block_table})
+    tables = {} if step.block_table is None else {GROUP_ID: step.block_table}
+    backend.prep_forward(step.common, tables)
     output = torch.full_like(step.query, float("nan"))
     kwargs = {} if sinks is None else {"sinks": sinks}
     forward = functools.partial(

@@ -1,6 +1,6 @@
-"""Comparison with the oracle (the reference backend through the same contract):
+"""Comparison with the decoder oracle (the reference backend through the same contract):
 `compare_with_oracle` runs a cell's steps on both and returns the largest error and `where` it
-is."""
+is (`largest_error`, shared with the SDPA oracle of `sdpa`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.backends.reference import ReferenceAttentionBackend
-from unified_attn.harness.conformance.cells import Cell
+from unified_attn.harness.conformance.cells import AttentionCell, Cell
 from unified_attn.harness.conformance.checks import check_bad_inputs
 from unified_attn.harness.conformance.driver import bind, run_step
 from unified_attn.harness.conformance.steps import Step, make_steps
@@ -29,14 +29,27 @@ def compare_with_oracle(
     for i, step in enumerate(steps):
         expected = run_step(oracle, cell, step, sinks_dev)
         got = run_step(backend, cell, step, sinks_dev, checks if i == len(steps) - 1 else {})
-        err = (got.float() - expected.float()).abs().nan_to_num(float("inf"))  # [T, Hq * D]
-        if err.max().item() > worst[0]:
-            worst = (err.max().item(), where(err, step, cell, i, len(steps)))
+        error = largest_error(got, expected, step, cell, i, len(steps))
+        worst = max(worst, error, key=lambda e: e[0])
     checks["rejects bad inputs"] = check_bad_inputs(backend, cell, steps[-1])
     return worst
 
 
-def where(err: torch.Tensor, step: Step, cell: Cell, index: int, num_steps: int) -> str:
+def largest_error(
+    got: torch.Tensor,
+    expected: torch.Tensor,
+    step: Step,
+    cell: AttentionCell,
+    index: int,
+    num_steps: int,
+) -> tuple[float, str]:
+    """The largest absolute error of a step's output `[T, Hq * D]` (NaN counts as infinite)
+    and where it is."""
+    err = (got.cpu().double() - expected.cpu().double()).abs().nan_to_num(float("inf"))
+    return err.max().item(), where(err, step, cell, index, num_steps)
+
+
+def where(err: torch.Tensor, step: Step, cell: AttentionCell, index: int, num_steps: int) -> str:
     """Where the largest error is: step, request, token position and query head."""
     token, column = divmod(int(err.argmax()), err.shape[1])
     starts = step.common.query_start_loc_cpu.tolist()

@@ -1,5 +1,5 @@
-"""`print_report`: the conformance report as a rich table, one row per cell with a mark per
-contract check (`CHECKS`, `check_mark`), and the verdict."""
+"""`print_report`: the conformance report as rich tables, one per attention type (`SECTIONS`),
+one row per cell with a mark per contract check (`CHECKS`, `check_mark`), and the verdict."""
 
 from __future__ import annotations
 
@@ -8,6 +8,15 @@ from typing import Any
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE
 
 CHECKS = ("cache config pure", "in-place output", "rejects bad inputs", "host sync", "allocation")
+# Row "type" -> the title of its table, in the order the tables are printed.
+SECTIONS = {
+    "decoder": "decoder self-attention (causal, paged KV cache)",
+    "encoder_only": "encoder-only self-attention (bidirectional, no KV cache)",
+    "encoder": "encoder self-attention (bidirectional, no KV cache)",
+    "encoder_decoder": "cross-attention (encoder keys and values in the KV cache)",
+    "linear_state": "recurrent state",
+}
+COLOUR = {"pass": "green", "fail": "red", "unsupported": "yellow"}
 
 
 def check_mark(result: str | None) -> str:
@@ -20,28 +29,44 @@ def check_mark(result: str | None) -> str:
     return "-" if result == NOT_MEASURABLE else "[yellow]~[/]"
 
 
-def print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
+def counts(rows: list[dict[str, Any]]) -> str:
+    """ "3 passed, 1 unsupported": the statuses that occur, in a fixed order."""
+    found = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "unsupported")}
+    words = {"pass": "passed", "fail": "failed", "unsupported": "unsupported"}
+    return ", ".join(f"[{COLOUR[s]}]{n} {words[s]}[/]" for s, n in found.items() if n)
+
+
+def section_table(title: str, rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
-    table = Table(
-        title=f"Conformance of {report['backend']} ({report['class']}) on {report['device']}",
-        title_justify="left",
-        caption="checks: " + " / ".join(CHECKS) + " (✓ pass, ✗ fail, - not "
-        "measurable on CPU, ~ see detail)",
-        caption_justify="left",
-    )
-    for column in ("cell", "status", "max err", "checks", "detail"):
+    table = Table(title=f"{title}: {counts(rows)}", title_justify="left")
+    for column in ("cell", "status", "max err", "checks"):
         table.add_column(column, overflow="fold")
-    colour = {"pass": "green", "fail": "red", "unsupported": "yellow"}
-    for r in report["cells"]:
+    table.add_column("detail", overflow="fold", ratio=1)  # the rest of the width: folds first
+    for r in rows:
         marks = " ".join(check_mark(r["checks"].get(name)) for name in CHECKS)
         notes = [f"{k}: {v}" for k, v in r["checks"].items() if v.endswith("temporaries")]
         detail = "; ".join(filter(None, [r.get("detail", ""), *notes]))
         max_err = "" if r["max_err"] is None else f"{r['max_err']:.1e}"
-        table.add_row(r["cell"], f"[{colour[r['status']]}]{r['status']}", max_err, marks, detail)
+        status = f"[{COLOUR[r['status']]}]{r['status']}"
+        table.add_row(r["cell"], status, max_err, marks, detail)
+    return table
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+
     console = Console()
-    console.print(table)
+    console.print(
+        f"[bold]Conformance of {report['backend']}[/] ({report['class']}) on {report['device']}"
+    )
+    for kind, title in SECTIONS.items():
+        rows = [r for r in report["cells"] if r.get("type", "decoder") == kind]
+        if rows:
+            console.print(section_table(title, rows))
+    console.print(
+        "checks: " + " / ".join(CHECKS) + " (✓ pass, ✗ fail, - not measurable on CPU, ~ see detail)"
+    )
     verdict = "[green]PASS" if report["ok"] else "[red]FAIL"
     console.print(
         f"{verdict}[/]: {report['passed']} passed, {report['failed']} failed, "

@@ -1,5 +1,6 @@
-"""Running the suite: `run_cell` (one cell: pass / fail / unsupported, within `TOL` of the
-oracle, with the contract checks) and `run_conformance` (every cell, as a JSON-able report)."""
+"""Running the suite: `run_cell` (one attention cell of any type: pass / fail / unsupported,
+within `TOL` of its oracle, with the contract checks) and `run_conformance` (every cell, as a
+JSON-able report)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,18 @@ from typing import Any
 
 import torch
 
-from unified_attn.backend import AttentionBackend
-from unified_attn.harness.conformance.cells import CUDA_CELLS, GRID, Cell
+from unified_attn.backend import AttentionBackend, AttentionType
+from unified_attn.harness.conformance.cells import (
+    CROSS_GRID,
+    CUDA_CELLS,
+    ENCODER_GRID,
+    GRID,
+    AttentionCell,
+    CrossCell,
+)
 from unified_attn.harness.conformance.checks import check_cache_config
 from unified_attn.harness.conformance.oracle import compare_with_oracle
+from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
 from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
 from unified_attn.legacy_adapter import (
     LegacyAttentionBackend,
@@ -22,9 +31,17 @@ from unified_attn.selector import backend_reasons
 TOL = {torch.float32: 2e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def run_cell(backend_cls: type[AttentionBackend], cell: Cell, device: str, seed: int = 0) -> dict:
-    """One cell: `status` pass / fail / unsupported, `max_err`, the contract `checks`."""
-    row: dict[str, Any] = {"cell": cell.name, "tol": TOL[cell.dtype], "max_err": None}
+def run_cell(
+    backend_cls: type[AttentionBackend], cell: AttentionCell, device: str, seed: int = 0
+) -> dict:
+    """One cell: `status` pass / fail / unsupported (with the backend's reasons for the cell's
+    `SelectorConfig`, attention type included), `max_err`, the contract `checks`."""
+    row: dict[str, Any] = {
+        "cell": cell.name,
+        "type": cell.attn_type.value,
+        "tol": TOL[cell.dtype],
+        "max_err": None,
+    }
     reasons = backend_reasons(backend_cls, cell.selector_config(device))
     if reasons:
         return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
@@ -32,7 +49,7 @@ def run_cell(backend_cls: type[AttentionBackend], cell: Cell, device: str, seed:
     failed = []
     try:
         checks["cache config pure"] = check_cache_config(backend_cls, cell)
-        row["max_err"], location = compare_with_oracle(backend_cls, cell, device, seed, checks)
+        row["max_err"], location = compare(backend_cls, cell, device, seed, checks)
         if row["max_err"] > row["tol"]:
             failed.append(f"max error {row['max_err']:.3g} > {row['tol']:g} {location}")
     except Exception as error:  # a crash fails the cell, not the run
@@ -40,6 +57,17 @@ def run_cell(backend_cls: type[AttentionBackend], cell: Cell, device: str, seed:
     failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
     status = "fail" if failed else "pass"
     return row | {"status": status, "detail": "; ".join(failed), "checks": checks}
+
+
+def compare(
+    backend_cls: type[AttentionBackend], cell: AttentionCell, device: str, seed: int, checks: dict
+) -> tuple[float, str]:
+    """The cell against its oracle: the reference backend for decoder cells, SDPA otherwise."""
+    if isinstance(cell, CrossCell):
+        return compare_cross(backend_cls, cell, device, seed, checks)
+    if cell.attn_type == AttentionType.DECODER:
+        return compare_with_oracle(backend_cls, cell, device, seed, checks)
+    return compare_encoder(backend_cls, cell, device, seed, checks)
 
 
 def backend_class(
@@ -53,11 +81,16 @@ def backend_class(
     return backend
 
 
-def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[Cell | StateCell, ...]:
-    """The grid of every layer kind the backend computes (half-precision cells on CUDA)."""
-    cells: tuple[Cell | StateCell, ...] = ()
+def default_cells(
+    backend_cls: type[AttentionBackend], device: str
+) -> tuple[AttentionCell | StateCell, ...]:
+    """The grid of every layer kind the backend computes: attention cells of all four types
+    (those of a type the backend does not declare come out unsupported), half-precision cells
+    on CUDA."""
+    cells: tuple[AttentionCell | StateCell, ...] = ()
     if "attention" in backend_cls.layer_kinds:
-        cells += GRID + (CUDA_CELLS if torch.device(device).type == "cuda" else ())
+        cells += GRID + ENCODER_GRID + CROSS_GRID
+        cells += CUDA_CELLS if torch.device(device).type == "cuda" else ()
     if "linear_state" in backend_cls.layer_kinds:
         cells += STATE_GRID
     return cells or GRID  # a kind the suite does not know: the attention cells say so
@@ -66,7 +99,7 @@ def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[Cel
 def run_conformance(
     backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
     device: str = "cpu",
-    cells: tuple[Cell | StateCell, ...] | None = None,
+    cells: tuple[AttentionCell | StateCell, ...] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every cell of the backend's layer kinds (`default_cells`) or of `cells`; `report["ok"]`."""

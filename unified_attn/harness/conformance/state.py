@@ -80,7 +80,12 @@ def run_state_cell(
     backend_cls: type[AttentionBackend], cell: StateCell, device: str, seed: int = 0
 ) -> dict[str, Any]:
     """One state cell: `status` pass / fail / unsupported, `max_err`, the contract `checks`."""
-    row: dict[str, Any] = {"cell": cell.name, "tol": STATE_TOL, "max_err": None}
+    row: dict[str, Any] = {
+        "cell": cell.name,
+        "type": "linear_state",
+        "tol": STATE_TOL,
+        "max_err": None,
+    }
     reasons = backend_reasons(backend_cls, cell.selector_config(device))
     if reasons:
         return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}

@@ -1,6 +1,7 @@
 """A cell's steps, shared by the backend and the oracle: `Step`, random non-contiguous block
 tables (`random_table`, `null_unneeded_blocks`), `make_step` and `make_steps` (history, then the
-cell's batch). Everything is keyed by the KV-cache group `GROUP_ID`."""
+cell's batch), and `encoder_step` (an encoder pass: no slots, no block table). Everything is
+keyed by the KV-cache group `GROUP_ID`."""
 
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ class Step:
     """One step's inputs, shared by the backend and the oracle."""
 
     common: CommonAttentionMetadata
-    block_table: torch.Tensor  # [B, max_blocks] int32
+    block_table: torch.Tensor | None  # [B, max_blocks] int32; None: no cache (encoder pass)
     query: torch.Tensor  # [T, Hq * D]
-    key: torch.Tensor  # [T, Hkv * D]
+    key: torch.Tensor  # [T, Hkv * D] (cross-attention: [E, Hkv * D], the encoder rows written)
     value: torch.Tensor
     requests: tuple[int, ...]  # the cell's request index of every row
 
 
-def random_table(cell: Cell, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-    """Random, non-contiguous block ids (never the null block 0), one spare column of nulls."""
-    counts = [cdiv(c + n, cell.block_size) for c, n in zip(cell.computed, cell.new, strict=True)]
+def random_table(counts: list[int], gen: torch.Generator) -> tuple[torch.Tensor, int]:
+    """`counts[i]` random, non-contiguous block ids (never the null block 0) for request i, one
+    spare column of nulls; the block count."""
     num_blocks = sum(counts) + 8
     ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
     table = torch.zeros(len(counts), max(counts) + 1, dtype=torch.int32)
@@ -105,7 +106,8 @@ def make_step(
 def make_steps(cell: Cell, device: str, seed: int) -> tuple[list[Step], int]:
     """The history step (the computed tokens) and the cell's step; the block count."""
     gen = torch.Generator().manual_seed(seed)
-    table, num_blocks = random_table(cell, gen)
+    counts = [cdiv(c + n, cell.block_size) for c, n in zip(cell.computed, cell.new, strict=True)]
+    table, num_blocks = random_table(counts, gen)
     kv = [
         torch.randn(2, c + n, cell.num_kv_heads, cell.head_size, generator=gen)
         for c, n in zip(cell.computed, cell.new, strict=True)
@@ -120,3 +122,15 @@ def make_steps(cell: Cell, device: str, seed: int) -> tuple[list[Step], int]:
         history = make_step(cell, table, [0] * len(total), list(cell.computed), kv, gen, device)
         steps.insert(0, history)
     return steps, num_blocks
+
+
+def encoder_step(cell: Cell, device: str, seed: int) -> Step:
+    """An encoder pass: every request's whole input packed, positions from 0, no slots."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = list(range(len(cell.new)))
+    common = batch_metadata([0] * len(rows), list(cell.new), rows, {}, device)
+    num_tokens = sum(cell.new)
+    query = torch.randn(num_tokens, cell.num_heads * cell.head_size, generator=gen)
+    kv = torch.randn(2, num_tokens, cell.num_kv_heads * cell.head_size, generator=gen)
+    q, k, v = (t.to(device, cell.dtype) for t in (query, kv[0], kv[1]))
+    return Step(common, None, q, k, v, tuple(rows))

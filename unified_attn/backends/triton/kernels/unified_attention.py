@@ -4,9 +4,12 @@ A program owns BLOCK_Q query tokens of one sequence times the QPK query heads of
 (BLOCK_M = BLOCK_Q * QPK rows), so every K/V tile is read once per KV head. The grid's first axis
 is an upper bound on query blocks (`num_tokens // BLOCK_Q + num_seqs`); a program finds its
 sequence by binary search over `query_start_loc` and exits when idle. Windows and chunks bound the
-KV loop. With NUM_SEGMENTS > 1 (split-KV, decode), segment s covers keys
-`[s * segment_len, (s + 1) * segment_len)` (the last one everything after) and stores an
-unnormalised partial result that `merge_segments_kernel` combines.
+KV loop. Query j of a causal sequence sits at position `seq_len - q_len + j` (a chunk's queries
+come last); non-causal sequences (encoder self-attention, cross-attention) number their queries
+from 0, so a query chunk may be longer than its keys (cross-attention) and every query row still
+sees keys `[0, seq_len)` under no window or chunk. With NUM_SEGMENTS > 1 (split-KV, decode),
+segment s covers keys `[s * segment_len, (s + 1) * segment_len)` (the last one everything after)
+and stores an unnormalised partial result that `merge_segments_kernel` combines.
 """
 
 import triton
@@ -35,7 +38,7 @@ def unified_attention_kernel(
     k_cache_ptr,  # [num_blocks, BLOCK_SIZE, Hkv, D], any strides
     v_cache_ptr,
     block_table_ptr,  # [B, max_blocks] int32
-    seq_lens_ptr,  # [B] int32
+    seq_lens_ptr,  # [B] int32: keys of each sequence
     query_start_loc_ptr,  # [B + 1] int32
     sinks_ptr,  # [Hq] float32 or dummy
     alibi_ptr,  # [Hq] float32 or dummy
@@ -68,7 +71,7 @@ def unified_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     TILE: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr,  # False: queries at positions 0..q_len-1, keys 0..seq_len-1
     WINDOW: tl.constexpr,  # 0: none; else a query sees keys q - WINDOW < k <= q
     CHUNK: tl.constexpr,  # 0: none; else keys of the query's own chunk
     SINK_TOKENS: tl.constexpr,  # StreamingLLM: the first keys stay visible outside the window
@@ -90,7 +93,7 @@ def unified_attention_kernel(
     if local_block * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
-    context_len = seq_len - q_len
+    context_len = seq_len - q_len if CAUSAL else 0
 
     rows = tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_PAD)
@@ -109,7 +112,7 @@ def unified_attention_kernel(
 
     # Keys any row of this program may see: [key_lo, key_hi).
     first_pos = context_len + local_block * BLOCK_Q
-    last_pos = tl.minimum(context_len + local_block * BLOCK_Q + BLOCK_Q, seq_len) - 1
+    last_pos = context_len + tl.minimum(local_block * BLOCK_Q + BLOCK_Q, q_len) - 1
     key_lo = 0
     key_hi = seq_len
     if CAUSAL:
