@@ -43,3 +43,11 @@ def test_run_refuses_encoder_prompts_that_do_not_fit(capsys, checkpoints):
     err = capsys.readouterr().err
     assert code == 2 and "the model's encoder takes at most 64" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("family", ["bart", "bert"])
+def test_plan_refuses_encoder_checkpoints_with_what_to_run(capsys, checkpoints, family):
+    code = main(["plan", "--model", checkpoints[family]])
+    err = capsys.readouterr().err
+    assert code == 2 and "plan compares a decoder's layer kinds" in err
+    assert f"unified-attn run --model {checkpoints[family]}" in err

@@ -206,6 +206,7 @@ def resolve_model_config(name: str) -> ModelConfig:
 
     from unified_attn.models import PRESETS, get_preset
     from unified_attn.models.hf import config_from_hf, read_hf_config
+    from unified_attn.models.hf_config import encoder_family
 
     if name in PRESETS:
         return get_preset(name)
@@ -213,7 +214,16 @@ def resolve_model_config(name: str) -> ModelConfig:
         return REAL_SHAPES[name]
     path = Path(name).expanduser()
     if path.is_dir():
-        return config_from_hf(read_hf_config(path), name=path.name)
+        hf = read_hf_config(path)
+        family = encoder_family(hf)
+        if family is not None:
+            raise ValueError(
+                f"plan compares a decoder's layer kinds with full attention; {path.name} is "
+                f"{'an encoder-only' if family == 'bert' else 'an encoder-decoder'} "
+                f"({family.upper()}) checkpoint: `unified-attn run --model {name}` reports its "
+                "KV cache"
+            )
+        return config_from_hf(hf, name=path.name)
     raise ValueError(
         f"model {name!r} is not a preset ({', '.join(sorted(PRESETS))}), a real-model shape "
         f"({', '.join(sorted(REAL_SHAPES))}) or a checkpoint directory; see "
