@@ -64,6 +64,8 @@ class Request:
         # What ended it besides a length cap or EOS: a stop token id (set by the scheduler) or a
         # stop string (set by the engine, which reads the text).
         self.stop_reason: int | str | None = None
+        # Speculative decoding: draft tokens proposed for the next step (decode only).
+        self.spec_token_ids: list[int] = []
         # Requests that need logits of every prompt position recompute the whole prompt.
         self.skip_reading_prefix_cache = False
         self.block_hashes: list[bytes] = []

@@ -89,3 +89,15 @@ def test_prefix_cache_hits_match_transformers(checkpoint):
     batch = prompts([9, 2, 30], seed=1, shared=40)  # the same 40-token prefix
     check_against_hf(hf, engine.generate(batch, PARAMS), batch, prompt_logits=False)
     assert engine.kv_cache_manager.prefix_cache_stats.hits >= 3 * 40 - 3 * 8
+
+
+def test_speculative_decoding_matches_transformers(checkpoint):
+    """n-gram drafts verified in the decode step: the same greedy tokens and logits."""
+    hf, path = checkpoint
+    engine = LLMEngine(str(path), kv_cache_memory=MEMORY, max_num_batched_tokens=48,
+                       speculative_method="ngram", num_speculative_tokens=4)  # fmt: skip
+    pattern = prompts([9], seed=5)[0]
+    batch = [pattern * 4, prompts([30], seed=6)[0], [*pattern[:4], 7, 7] * 5]
+    outputs = engine.generate(batch, PARAMS)
+    check_against_hf(hf, outputs, batch, prompt_logits=False)
+    assert engine.stats.spec_drafted > 0

@@ -18,6 +18,7 @@ from unified_attn.harness.conformance.prepare import (
 )
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
+from unified_attn.runner.speculative import SPECULATIVE_METHODS
 from unified_attn.sampling_params import SamplingParams
 
 # The workload: every request is one of NUM_PREFIXES shared prefixes (random ids, or the given
@@ -91,6 +92,18 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="shared prompt as token ids, e.g. 1,2,3 (for models without a tokenizer)",
     )
+    run.add_argument(
+        "--speculative-method",
+        default=None,
+        choices=SPECULATIVE_METHODS,
+        help="speculative decoding: ngram (prompt lookup) drafts verified in the decode step",
+    )
+    run.add_argument(
+        "--num-speculative-tokens",
+        type=positive_int,
+        default=None,
+        help="draft tokens per request and step (with --speculative-method)",
+    )
     run.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     run.add_argument("--batch-invariant", action="store_true", help="only batch-invariant backends")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
@@ -129,6 +142,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "enable_prefix_caching": not args.no_prefix_caching,
         "batch_invariant": args.batch_invariant,
         "seed": args.seed,
+        "speculative_method": args.speculative_method,
+        "num_speculative_tokens": args.num_speculative_tokens,
     }
     on_cpu = args.device.partition(":")[0] == "cpu"
     kwargs["kv_cache_memory"] = args.kv_cache_memory or ("64MiB" if on_cpu else None)
@@ -304,6 +319,13 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
         if elapsed
         else 0.0,
         "mean_step_ms": stats.mean_step_ms,
+        "speculative": {
+            "method": args.speculative_method,
+            "drafted": stats.spec_drafted,
+            "accepted": stats.spec_accepted,
+            "acceptance_rate": stats.spec_acceptance_rate,
+            "mean_accepted_per_step": stats.mean_accepted_per_step,
+        },
         "setup_s": setup_s,
         "elapsed_s": elapsed,
         "sample_output": finished[0].text if finished and finished[0].text is not None else None,
@@ -344,6 +366,14 @@ def print_report(report: dict) -> None:
         ("total tokens/s", f"{report['total_tokens_per_s']:.1f}"),
         ("mean step", f"{report['mean_step_ms']:.2f} ms over {report['steps']} steps"),
     ]  # fmt: skip
+    spec = report["speculative"]
+    if spec["method"]:
+        rows.append((
+            f"speculative ({spec['method']})",
+            f"{spec['accepted']:,} of {spec['drafted']:,} drafts accepted "
+            f"({spec['acceptance_rate']:.0%}), {spec['mean_accepted_per_step']:.2f} per "
+            "request-step",
+        ))  # fmt: skip
     for key, value in rows:
         summary.add_row(key, value)
     console.print(summary)

@@ -27,6 +27,12 @@ class EngineConfig:
     batch_invariant: bool = False
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
+    # Speculative decoding: "ngram" (prompt lookup) proposes up to `num_speculative_tokens`
+    # drafts per decoding request from n-grams of `prompt_lookup_min..prompt_lookup_max` tokens.
+    speculative_method: str | None = None
+    num_speculative_tokens: int | None = None
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
 
 
 # vLLM options people pass out of habit, with what to do here instead.
@@ -60,6 +66,19 @@ class EngineStats:
     decode_tokens: int = 0
     generated_tokens: int = 0
     step_time_s: float = 0.0
+    # speculative decoding: request-steps that verified drafts, drafts, accepted drafts
+    spec_verifications: int = 0
+    spec_drafted: int = 0
+    spec_accepted: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        """Accepted drafts per verifying request-step (each also adds one token of its own)."""
+        return self.spec_accepted / self.spec_verifications if self.spec_verifications else 0.0
 
     @property
     def mean_step_ms(self) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from unified_attn.managers import KVCacheManager
+from unified_attn.managers import KVCacheManager, StateManager
 from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
 from unified_attn.runner.detokenizer import IncrementalText
@@ -35,6 +35,7 @@ from unified_attn.runner.sequences import (
     gather_logprobs,
     request_output,
 )
+from unified_attn.runner.speculative import make_drafter
 from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
@@ -118,6 +119,18 @@ class LLMEngine:
             seed=config.seed,
             cuda_graphs=config.cuda_graphs,
             eos_token_ids=source.eos_token_ids,
+        )
+        self.drafter = make_drafter(
+            config.speculative_method,
+            config.num_speculative_tokens,
+            config.prompt_lookup_min,
+            config.prompt_lookup_max,
+            model_kind=source.kind,
+            state_groups=[
+                f"{gid} ({g.manager_cls.__name__})"
+                for gid, g in enumerate(self.worker.plan.groups)
+                if issubclass(g.manager_cls, StateManager)
+            ],
         )
         self.stats = EngineStats()
         self._next_id = 0
@@ -462,9 +475,15 @@ class LLMEngine:
         start = time.perf_counter()
         output = self.scheduler.schedule()
         result = self.runner.execute(output)
+        before = {e.request.request_id: e.request.num_output_tokens for e in output.scheduled}
         finished = self.scheduler.update_from_output(output, result.sampled)
-        self._count(output, result, start)
-        self._keep_logits(output, result)
+        appended = {
+            e.request.request_id: e.request.num_output_tokens - before[e.request.request_id]
+            for e in output.scheduled
+        }
+        self._count(output, result, appended, start)
+        self._keep_logits(output, result, appended)
+        self._propose_drafts(output)
         finished_ids = {r.request_id for r in finished}
         touched: dict[str, ParentRequest] = {}
         for entry in output.scheduled:
@@ -479,7 +498,9 @@ class LLMEngine:
             if parent.done:
                 self._finish(parent)
 
-    def _count(self, output: SchedulerOutput, result: StepResult, start: float) -> None:
+    def _count(
+        self, output: SchedulerOutput, result: StepResult, appended: dict[str, int], start: float
+    ) -> None:
         stats = self.stats
         stats.steps += 1
         stats.step_time_s += time.perf_counter() - start
@@ -488,17 +509,38 @@ class LLMEngine:
                 stats.decode_tokens += entry.num_new_tokens
             else:
                 stats.prefill_tokens += entry.num_new_tokens
-        stats.generated_tokens += len(result.sampled)
+        stats.generated_tokens += sum(appended.values())
+        for rid, num_drafts in result.num_drafts.items():
+            stats.spec_verifications += 1
+            stats.spec_drafted += num_drafts
+            stats.spec_accepted += len(result.sampled[rid]) - 1
 
-    def _keep_logits(self, output: SchedulerOutput, result: StepResult) -> None:
+    def _keep_logits(
+        self, output: SchedulerOutput, result: StepResult, appended: dict[str, int]
+    ) -> None:
         for request in output.preempted:
             seq = self._sequences.get(request.request_id)
             if seq is not None:
                 seq.prompt_logits.clear()  # the prompt is recomputed
         for rid, rows in result.prompt_logits.items():
             self._sequences[rid].prompt_logits.append(rows)
-        for rid, row in result.sample_logits.items():
-            self._sequences[rid].sample_logits.append(row)
+        for rid, rows in result.sample_logits.items():  # the rows of the tokens kept
+            self._sequences[rid].sample_logits.append(rows[: appended[rid]])
+
+    def _propose_drafts(self, output: SchedulerOutput) -> None:
+        """Speculative decoding: draft tokens for the next step of every running request that
+        decodes, within `max_model_len` and its `max_tokens` (the step adds one token more)."""
+        if self.drafter is None:
+            return
+        for entry in output.scheduled:
+            request = entry.request
+            if request.status != RequestStatus.RUNNING or not entry.will_sample:
+                continue
+            room = self.max_model_len - request.num_tokens
+            max_tokens = request.sampling_params.max_tokens
+            if max_tokens is not None:
+                room = min(room, max_tokens - request.num_output_tokens - 1)
+            request.spec_token_ids = self.drafter.propose(request.all_token_ids, room)
 
     def _advance(self, seq: SequenceState, result: StepResult, finished_now: bool) -> None:
         """Gather a sequence's new tokens: log-probabilities, finish, text and stop strings, and
@@ -506,7 +548,8 @@ class LLMEngine:
         request = seq.request
         new = request.output_token_ids[seq.num_seen :]
         seq.num_seen = request.num_output_tokens
-        new_logprobs = gather_logprobs(seq, result.logprobs.get(request.request_id), self.tokenizer)
+        kept = result.logprobs.get(request.request_id, [])[: len(new)]
+        new_logprobs = gather_logprobs(seq, kept, self.tokenizer)
         if finished_now:
             seq.finish_reason = FINISH_REASONS[request.status]
             seq.stop_reason = request.stop_reason

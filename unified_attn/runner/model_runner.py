@@ -13,7 +13,7 @@ import torch
 from unified_attn.backend import AttentionBackend, AttentionType, CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.sampler import Sampler, TokenLogprobs
-from unified_attn.runner.scheduler import SchedulerOutput
+from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.worker import KVCachePlan
 from unified_attn.utils import cdiv
 
@@ -33,7 +33,9 @@ class StepInputs:
     common: CommonAttentionMetadata  # the batch, shared by every backend's prep_forward
     block_tables: dict[int, torch.Tensor]  # device: group id -> [B, width] int32 block ids
     input_ids: torch.Tensor  # device [T] int64
-    sample_rows: list[int]  # host: token rows whose logits are sampled (one per request)
+    # host: token rows whose logits are sampled: one per sampling request, or its last token
+    # and each of its draft tokens (speculative decoding), in batch order
+    sample_rows: list[int]
     # Encoder-decoder models: the encoder pass of the requests admitted this step (their
     # encoder outputs become the cross-attention keys); None when no encoder runs.
     encoder: EncoderInputs | None = None
@@ -76,13 +78,16 @@ class _HostLayout:
 
 @attrs.define
 class StepResult:
-    """What a step produced: sampled tokens, and the log-probabilities and logits requests asked
-    for (host)."""
+    """What a step produced per request (host): its new tokens (one, or with speculative
+    decoding the accepted drafts and one more), their log-probabilities and logits if asked
+    for, and the drafts it verified."""
 
-    sampled: dict[str, int] = attrs.Factory(dict)
-    logprobs: dict[str, TokenLogprobs] = attrs.Factory(dict)  # `SamplingParams.logprobs` set
+    sampled: dict[str, list[int]] = attrs.Factory(dict)
+    # one per new token, when `SamplingParams.logprobs` is set
+    logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     prompt_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # rows of this step's prompt
-    sample_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # the sampled row
+    sample_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # [new tokens, V] rows
+    num_drafts: dict[str, int] = attrs.Factory(dict)  # drafts verified (speculative decoding)
 
 
 class BlockTables:
@@ -205,19 +210,48 @@ class ModelRunner:
                     rows = torch.tensor(inputs.sample_rows, device=self.device)
                     logits = self.model.compute_logits(hidden[rows])
                 self._collect_prompt_logits(output, common, hidden, result)
-        if not inputs.sample_rows:
-            return result
-        requests = [s.request for s in output.scheduled if s.will_sample]
-        sampled = self.sampler.sample(logits, requests)
-        for i, request in enumerate(requests):
-            rid = request.request_id
-            result.sampled[rid] = sampled.tokens[i]
-            logprobs = sampled.logprobs[i]
-            if logprobs is not None:
-                result.logprobs[rid] = logprobs
-            if request.sampling_params.return_logits:
-                result.sample_logits[rid] = logits[i].cpu()
+        if inputs.sample_rows:
+            self._sample(output, logits, result)
         return result
+
+    def _sample(self, output: SchedulerOutput, logits: torch.Tensor, result: StepResult) -> None:
+        """Sample the requests that reached their end: in one batch, except those verifying
+        draft tokens (`Sampler.verify`, one request at a time)."""
+        entries = [s for s in output.scheduled if s.will_sample]
+        first_rows, row = [], 0
+        for entry in entries:
+            first_rows.append(row)
+            row += 1 + len(entry.spec_token_ids)
+        plain = [i for i, e in enumerate(entries) if not e.spec_token_ids]
+        if plain:
+            rows = logits[[first_rows[i] for i in plain]]
+            sampled = self.sampler.sample(rows, [entries[i].request for i in plain])
+            for j, i in enumerate(plain):
+                lp = sampled.logprobs[j]
+                self._record(result, entries[i], [sampled.tokens[j]], [lp], rows[j : j + 1])
+        for i, entry in enumerate(entries):
+            if entry.spec_token_ids:
+                start = first_rows[i]
+                rows = logits[start : start + 1 + len(entry.spec_token_ids)]
+                tokens, lps = self.sampler.verify(rows, entry.request, entry.spec_token_ids)
+                self._record(result, entry, tokens, lps, rows[: len(tokens)])
+                result.num_drafts[entry.request.request_id] = len(entry.spec_token_ids)
+
+    @staticmethod
+    def _record(
+        result: StepResult,
+        entry: ScheduledRequest,
+        tokens: list[int],
+        logprobs: list[TokenLogprobs | None],
+        rows: torch.Tensor,
+    ) -> None:
+        request = entry.request
+        rid = request.request_id
+        result.sampled[rid] = tokens
+        if request.sampling_params.logprobs is not None:
+            result.logprobs[rid] = [lp for lp in logprobs if lp is not None]
+        if request.sampling_params.return_logits:
+            result.sample_logits[rid] = rows.cpu()
 
     def _run_encoder(self, encoder: EncoderInputs | None) -> torch.Tensor | None:
         """The encoder outputs `[E, hidden]` of the requests admitted this step, or None."""
@@ -344,14 +378,17 @@ class ModelRunner:
                 layout.input_ids.append(request.all_token_ids[start])
                 layout.positions.append(start)
             else:
+                drafts = entry.spec_token_ids
                 layout.token_rows.extend([row] * num_new)
-                layout.input_ids.extend(request.all_token_ids[start:end])
+                layout.input_ids.extend(request.all_token_ids[start : end - len(drafts)])
+                layout.input_ids.extend(drafts)
                 layout.positions.extend(range(start, end))
             layout.query_start.append(layout.query_start[-1] + num_new)
             layout.seq_lens.append(end)
             layout.computed.append(start)
-            if end == len(request.all_token_ids):  # reached its known tokens: sample
-                layout.sample_rows.append(layout.query_start[-1] - 1)
+            if entry.will_sample:  # reached its known tokens: sample (and verify the drafts)
+                last = layout.query_start[-1] - 1 - len(entry.spec_token_ids)
+                layout.sample_rows.extend(range(last, layout.query_start[-1]))
         return layout
 
 

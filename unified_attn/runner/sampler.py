@@ -111,6 +111,48 @@ class Sampler:
                 tokens[i] = int(torch.multinomial(probs, 1, generator=generator).item())
         return SamplerOutput(tokens, self._logprobs(logits, tokens, requests))
 
+    def verify(
+        self, logits: torch.Tensor, request: Request, drafts: Sequence[int]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """Speculative decoding: row j of `logits [len(drafts) + 1, V]` scores the token after
+        the request's tokens and `drafts[:j]`. Returns the accepted drafts and one token of the
+        target's own (the correction at the first rejection, or a bonus token after them all),
+        with their log-probabilities if asked for.
+
+        Each row is processed as if the drafts before it were already output (`min_tokens`,
+        penalties). Greedy: a draft is accepted when it is the row's argmax, so the tokens equal
+        decoding without drafts. Sampling: a draft (a point mass) is accepted with the target's
+        probability of it, and a rejection draws from the target with the draft's token removed,
+        which keeps every token distributed as the target (Leviathan et al., 2023)."""
+        params: SamplingParams = request.sampling_params
+        tokens: list[int] = []
+        outputs = list(request.output_token_ids)
+        for j in range(len(drafts) + 1):
+            row = self._process_row(logits[j], _Extended(request, outputs), force=False)
+            draft = drafts[j] if j < len(drafts) else None
+            token = self._verify_row(row, request, params, draft)
+            tokens.append(token)
+            if token != draft:
+                break
+            outputs.append(token)
+        rows = logits[: len(tokens)]
+        return tokens, self._logprobs(rows, tokens, [request] * len(tokens))
+
+    def _verify_row(
+        self, row: torch.Tensor, request: Request, params: SamplingParams, draft: int | None
+    ) -> int:
+        if params.greedy:
+            return int(row.argmax())
+        probs = torch.softmax(filter_logits(row, params), dim=-1)
+        generator = self._generator(request.request_id, params)
+        if draft is not None:
+            draw = torch.rand(1, generator=generator, device=probs.device)
+            if float(draw) < float(probs[draft]):
+                return draft
+            probs = probs.clone()
+            probs[draft] = 0.0
+        return int(torch.multinomial(probs, 1, generator=generator).item())
+
     def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """`min_tokens` masks and penalties, on a copy, for the rows that have them."""
         rows = [i for i, r in enumerate(requests) if self._needs_processing(r)]
@@ -122,12 +164,18 @@ class Sampler:
         return out
 
     @staticmethod
-    def _needs_processing(request: Request) -> bool:
+    def _needs_processing(request: Request | _Extended) -> bool:
         params: SamplingParams = request.sampling_params
         return params.has_penalties or request.num_output_tokens < params.min_tokens
 
-    def _process_row(self, row: torch.Tensor, request: Request) -> torch.Tensor:
+    def _process_row(
+        self, row: torch.Tensor, request: Request | _Extended, force: bool = True
+    ) -> torch.Tensor:
+        """`min_tokens` masks and penalties of one row (`force=False`: only if it needs
+        them)."""
         params: SamplingParams = request.sampling_params
+        if not force and not self._needs_processing(request):
+            return row
         if request.num_output_tokens < params.min_tokens:
             row = row.clone()
             row[stop_token_ids(params, self.eos_token_ids)] = float("-inf")
@@ -136,7 +184,7 @@ class Sampler:
             row = apply_penalties(row, mask, request.output_token_ids, params)
         return row
 
-    def _prompt_mask(self, request: Request, row: torch.Tensor) -> torch.Tensor:
+    def _prompt_mask(self, request: Request | _Extended, row: torch.Tensor) -> torch.Tensor:
         mask = self.prompt_masks.get(request.request_id)
         if mask is None:
             mask = torch.zeros(row.shape[-1], dtype=torch.bool, device=row.device)
@@ -182,3 +230,28 @@ class Sampler:
     def drop(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
         self.prompt_masks.pop(request_id, None)
+
+
+@attrs.frozen
+class _Extended:
+    """A request as it would be with `output_token_ids` (its own plus accepted drafts): what
+    `min_tokens` and the penalties read when a draft position is verified."""
+
+    request: Request
+    output_token_ids: list[int]
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return self.request.sampling_params
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)

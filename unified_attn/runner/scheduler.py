@@ -9,6 +9,7 @@ stay cached), restarts from zero computed tokens and goes to the front of the wa
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -31,6 +32,9 @@ class ScheduledRequest:
     # This step reaches the end of the request's known tokens: its last row is sampled.
     # Fixed when scheduled (the request grows once the sampled token is appended).
     will_sample: bool
+    # Speculative decoding: draft tokens scheduled after the request's last token (they are
+    # part of `num_new_tokens`; every row from the last token on is verified).
+    spec_token_ids: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -137,18 +141,22 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = self._num_new(request, request.num_computed_tokens, budget)
-            new_blocks = self.kv.allocate_slots(request, num_new)
+            drafts = self._drafts(request, num_new, budget)
+            new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
             while new_blocks is None:
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
                     break
-                new_blocks = self.kv.allocate_slots(request, num_new)
+                new_blocks = self.kv.allocate_slots(
+                    request, num_new, num_lookahead_tokens=len(drafts)
+                )
             if new_blocks is None:
                 break
-            scheduled.append(self._commit(request, num_new, new_blocks.get_block_ids(), False))
-            budget -= num_new
+            block_ids = new_blocks.get_block_ids()
+            scheduled.append(self._commit(request, num_new, block_ids, False, drafts))
+            budget -= num_new + len(drafts)
             i += 1
         if not preempted:
             budget = self._admit_waiting(scheduled, budget)
@@ -181,17 +189,35 @@ class Scheduler:
             end = end // align * align
         return end - computed
 
+    def _drafts(self, request: Request, num_new: int, budget: int) -> tuple[int, ...]:
+        """The request's draft tokens that this step verifies: only in decode (its one new
+        token is its last), as many as the token budget and `max_model_len` leave room for.
+        Taken from the request: a draft is verified once."""
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if not drafts or request.num_computed_tokens + num_new != request.num_tokens:
+            return ()
+        room = min(budget - num_new, self.max_model_len - request.num_tokens)
+        return tuple(drafts[: max(room, 0)])
+
     def _commit(
-        self, request: Request, num_new: int, block_ids: tuple[list[int], ...], is_new: bool
+        self,
+        request: Request,
+        num_new: int,
+        block_ids: tuple[list[int], ...],
+        is_new: bool,
+        drafts: tuple[int, ...] = (),
     ) -> ScheduledRequest:
         start = request.num_computed_tokens
         will_sample = start + num_new == request.num_tokens
-        entry = ScheduledRequest(request, num_new, start, block_ids, is_new, will_sample)
-        request.num_computed_tokens += num_new
+        entry = ScheduledRequest(
+            request, num_new + len(drafts), start, block_ids, is_new, will_sample, drafts
+        )
+        request.num_computed_tokens += num_new + len(drafts)
         return entry
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -201,19 +227,29 @@ class Scheduler:
 
     # ---- after the step ------------------------------------------------------------------------
 
-    def update_from_output(self, output: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        """Append sampled tokens, apply stop conditions; returns requests finished this step."""
+    def update_from_output(
+        self, output: SchedulerOutput, sampled: Mapping[str, int | Sequence[int]]
+    ) -> list[Request]:
+        """Append sampled tokens (one per request, or with speculative decoding the accepted
+        drafts and one more), apply stop conditions after each; returns requests finished this
+        step. Rejected drafts are rolled back: their tokens are no longer computed."""
         finished = []
         for entry in output.scheduled:
             request = entry.request
             if not entry.will_sample or request.status != RequestStatus.RUNNING:
                 continue
-            request.append_output_token_ids(sampled[request.request_id])
-            status = self._stop_status(request)
-            if status is not None:
-                self.running.remove(request)
-                self._finish(request, status)
-                finished.append(request)
+            tokens = sampled[request.request_id]
+            tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+            if entry.spec_token_ids:
+                request.num_computed_tokens -= len(entry.spec_token_ids) - (len(tokens) - 1)
+            for token in tokens:
+                request.append_output_token_ids(token)
+                status = self._stop_status(request)
+                if status is not None:
+                    self.running.remove(request)
+                    self._finish(request, status)
+                    finished.append(request)
+                    break
         return finished
 
     def _stop_status(self, request: Request) -> RequestStatus | None:

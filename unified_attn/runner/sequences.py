@@ -4,6 +4,7 @@ assembled."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -61,25 +62,26 @@ class ParentRequest:
 
 
 def gather_logprobs(
-    seq: SequenceState, lp: TokenLogprobs | None, tokenizer: Any
+    seq: SequenceState, lps: Sequence[TokenLogprobs], tokenizer: Any
 ) -> SampleLogprobs | None:
-    """Record one sampled token's log-probabilities (the sampled token, then the top-k) in
-    `seq`; returns them as the token's entry for a stream delta."""
+    """Record the new tokens' log-probabilities (each: the sampled token, then the top-k) in
+    `seq`; returns them as the tokens' entries for a stream delta."""
     if seq.logprobs is None or seq.cumulative_logprob is None:
         return None
-    if lp is None:
-        return []
 
     def text(token_id: int) -> str | None:
         return None if tokenizer is None else tokenizer.decode([token_id])
 
-    entry = {lp.token_id: Logprob(lp.logprob, lp.rank, text(lp.token_id))}
-    pairs = zip(lp.top_token_ids, lp.top_logprobs, strict=True)
-    for rank, (token_id, value) in enumerate(pairs, start=1):
-        entry.setdefault(token_id, Logprob(value, rank, text(token_id)))
-    seq.logprobs.append(entry)
-    seq.cumulative_logprob += lp.logprob
-    return [entry]
+    entries = []
+    for lp in lps:
+        entry = {lp.token_id: Logprob(lp.logprob, lp.rank, text(lp.token_id))}
+        pairs = zip(lp.top_token_ids, lp.top_logprobs, strict=True)
+        for rank, (token_id, value) in enumerate(pairs, start=1):
+            entry.setdefault(token_id, Logprob(value, rank, text(token_id)))
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += lp.logprob
+        entries.append(entry)
+    return entries
 
 
 def request_output(parent: ParentRequest) -> RequestOutput:
@@ -118,5 +120,5 @@ def completion_output(seq: SequenceState) -> CompletionOutput:
         seq.logprobs,
         seq.finish_reason,
         seq.stop_reason,
-        torch.stack(seq.sample_logits) if seq.sample_logits else None,
+        torch.cat(seq.sample_logits) if seq.sample_logits else None,
     )
