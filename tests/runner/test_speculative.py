@@ -25,6 +25,9 @@ def test_ngram_proposes_what_followed_the_latest_earlier_match():
     # the longest suffix wins: [8, 1, 2] occurred later than another [1, 2]
     assert proposer.propose([1, 2, 5, 8, 1, 2, 6, 8, 1, 2]) == [6, 8, 1]
     assert proposer.propose([7, 7, 7], max_tokens=0) == []
+    # in a repeating run, the latest match with a full continuation, not the one that ends
+    # right before the suffix (it would propose one token)
+    assert proposer.propose([7] * 10) == [7, 7, 7]
 
 
 def test_ngram_settings_are_checked():

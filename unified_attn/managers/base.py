@@ -207,7 +207,15 @@ class SingleTypeKVCacheManager(ABC):
         if num_full <= num_cached:
             return
         blocks = self.req_to_blocks[request.request_id]
-        self.block_pool.cache_full_blocks(blocks, hashes, num_cached, num_full, self.group_id)
+        self.block_pool.cache_full_blocks(
+            blocks,
+            hashes,
+            num_cached,
+            num_full,
+            self.group_id,
+            token_ids=request.all_token_ids,
+            block_size=self.block_size,
+        )
         self.num_cached_block[request.request_id] = num_full
 
     # ---- freeing -----------------------------------------------------------------------------

@@ -4,6 +4,10 @@ Block 0 is the null block: it pads skipped positions in block tables and is neve
 touched, freed or cached. Freed blocks without a hash are prepended to the free queue (reused
 first); hashed blocks are appended (least recently used evicted first). Eviction is lazy: a
 hashed block keeps its hash in the free queue until `get_new_blocks` pops it.
+
+With `enable_kv_cache_events` the pool also records what enters and leaves the prefix cache
+(`managers/events.py`); `take_events()` drains them. Off by default: then the hot paths only
+test one flag per call.
 """
 
 from __future__ import annotations
@@ -12,6 +16,12 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
+from unified_attn.managers.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
 from unified_attn.managers.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 from unified_attn.managers.hashing import with_group_id
 
@@ -84,7 +94,9 @@ class BlockHashToBlockMap:
 class BlockPool:
     """`num_blocks` blocks shared by every KV-cache group, with prefix caching."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False
+    ) -> None:
         if num_blocks < 2:
             raise ValueError(
                 f"BlockPool needs num_blocks >= 2 (block 0 is the null block), got {num_blocks}; "
@@ -97,6 +109,8 @@ class BlockPool:
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
 
     # ---- lookup and caching ------------------------------------------------------------------
 
@@ -121,13 +135,22 @@ class BlockPool:
         num_cached_blocks: int,
         num_full_blocks: int,
         group_id: int,
+        token_ids: Sequence[int] | None = None,
+        block_size: int | None = None,
     ) -> None:
         """Cache `blocks[num_cached_blocks:num_full_blocks]` under `block_hashes` of the group.
 
         Null blocks (skipped positions) and blocks that already carry a hash are left alone.
+        With events on, `token_ids` (the request's tokens) and `block_size` are required: one
+        `BlockStored` per contiguous run of newly cached blocks (one per call unless the range
+        has null or already cached blocks), so its tokens always match its hashes.
         """
         if not self.enable_caching:
             return
+        stored: list[int] | None = None
+        if self.enable_kv_cache_events:
+            self._check_event_inputs(token_ids, block_size)
+            stored = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null or block.block_hash is not None:
@@ -135,6 +158,46 @@ class BlockPool:
             key = with_group_id(block_hashes[i], group_id)
             block.block_hash = key
             self.cached_block_hash_to_block.insert(key, block)
+            if stored is not None:
+                stored.append(i)
+        if stored:
+            assert token_ids is not None and block_size is not None
+            for start, end in _contiguous_runs(stored):
+                self._record_stored(block_hashes, start, end, group_id, token_ids, block_size)
+
+    def adopt_external_block(
+        self,
+        block_hash: bytes,
+        group_id: int,
+        *,
+        block_size: int,
+        parent_block_hash: bytes | None = None,
+        token_ids: Sequence[int] = (),
+    ) -> KVCacheBlock:
+        """Take a free block and cache it under `block_hash` of the group, for content filled
+        from outside (another engine's exported block), so later lookups hit it.
+
+        The block leaves like any new block, with `ref_cnt == 1`: write its content, then
+        `free_blocks([block])`; it stays cached (at the free queue's tail) until evicted.
+        `parent_block_hash` and `token_ids` (empty, or the block's `block_size` tokens) only
+        describe it in the `BlockStored` event.
+        """
+        if not self.enable_caching:
+            raise ValueError("adopt_external_block: prefix caching is off in this pool")
+        if token_ids and len(token_ids) != block_size:
+            raise ValueError(
+                f"adopt_external_block: token_ids must be empty or one block of {block_size} "
+                f"tokens, got {len(token_ids)}"
+            )
+        (block,) = self.get_new_blocks(1)
+        key = with_group_id(block_hash, group_id)
+        block.block_hash = key
+        self.cached_block_hash_to_block.insert(key, block)
+        if self.enable_kv_cache_events:
+            tokens = list(token_ids)
+            stored = BlockStored([block_hash], parent_block_hash, tokens, block_size, group_id)
+            self.kv_event_queue.append(stored)
+        return block
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
         key = block.block_hash
@@ -142,7 +205,41 @@ class BlockPool:
             return False
         block.block_hash = None
         self.cached_block_hash_to_block.pop(key, block.block_id)
+        if self.enable_kv_cache_events:
+            block_hash, group_id = _split_key(key)
+            self.kv_event_queue.append(BlockRemoved([block_hash], group_id))
         return True
+
+    # ---- events --------------------------------------------------------------------------------
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events recorded since the last call, in order (empty while events are off)."""
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
+
+    @staticmethod
+    def _check_event_inputs(token_ids: Sequence[int] | None, block_size: int | None) -> None:
+        if token_ids is None or block_size is None:
+            missing = "token_ids" if token_ids is None else "block_size"
+            raise ValueError(
+                f"cache_full_blocks: KV-cache events are on, so the events need token_ids (the "
+                f"request's tokens) and block_size, but {missing} is None; pass both"
+            )
+
+    def _record_stored(
+        self,
+        block_hashes: Sequence[bytes],
+        start: int,
+        end: int,
+        group_id: int,
+        token_ids: Sequence[int],
+        block_size: int,
+    ) -> None:
+        """One `BlockStored` for the blocks at positions `[start, end)` of a request."""
+        parent = block_hashes[start - 1] if start else None
+        tokens = list(token_ids[start * block_size : end * block_size])
+        hashes = list(block_hashes[start:end])
+        self.kv_event_queue.append(BlockStored(hashes, parent, tokens, block_size, group_id))
 
     # ---- allocation ----------------------------------------------------------------------------
 
@@ -208,6 +305,8 @@ class BlockPool:
         self.cached_block_hash_to_block.clear()
         for block in self.blocks:
             block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
         return True
 
     def get_usage(self) -> float:
@@ -216,3 +315,21 @@ class BlockPool:
 
     def num_cached_blocks(self) -> int:
         return len(self.cached_block_hash_to_block)
+
+
+def _contiguous_runs(positions: list[int]) -> list[tuple[int, int]]:
+    """`[3, 4, 5, 7]` -> `[(3, 6), (7, 8)]`: half-open runs of consecutive positions."""
+    runs: list[tuple[int, int]] = []
+    start = prev = positions[0]
+    for pos in positions[1:]:
+        if pos != prev + 1:
+            runs.append((start, prev + 1))
+            start = pos
+        prev = pos
+    runs.append((start, prev + 1))
+    return runs
+
+
+def _split_key(key: bytes) -> tuple[bytes, int]:
+    """A cache key (`hashing.with_group_id`) back into the plain block hash and the group id."""
+    return key[:-4], int.from_bytes(key[-4:], "big")

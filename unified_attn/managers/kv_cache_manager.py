@@ -9,6 +9,7 @@ import attrs
 from unified_attn.managers.block_pool import KVCacheBlock, PrefixCacheStats
 from unified_attn.managers.config import SchedulerKVCacheConfig
 from unified_attn.managers.coordinator import make_coordinator
+from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.hashing import request_block_hasher
 from unified_attn.request import Request
 
@@ -255,6 +256,16 @@ class KVCacheManager:
     def take_new_block_ids(self) -> list[int]:
         """Ids of newly allocated blocks that must be zeroed before use (state groups)."""
         return [i for m in self.managers for i in m.take_new_block_ids()]
+
+    # ---- KV-cache events -----------------------------------------------------------------------
+
+    def enable_kv_cache_events(self) -> None:
+        """Record what enters and leaves the prefix cache from now on (`take_events`)."""
+        self.block_pool.enable_kv_cache_events = True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV-cache events since the last call, in order, and forget them."""
+        return self.block_pool.take_events()
 
 
 def _request_id(request: Request | str) -> str:

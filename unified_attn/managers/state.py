@@ -126,7 +126,15 @@ class StateManager(SingleTypeKVCacheManager):
         if index >= min(len(blocks), len(hashes)) or blocks[index].is_null:
             return
         if blocks[index].block_hash is None:
-            self.block_pool.cache_full_blocks(blocks, hashes, index, index + 1, self.group_id)
+            self.block_pool.cache_full_blocks(
+                blocks,
+                hashes,
+                index,
+                index + 1,
+                self.group_id,
+                token_ids=request.all_token_ids,
+                block_size=self.block_size,
+            )
             self.cached_this_step.add(blocks[index].block_id)
 
     def new_step_starts(self) -> None:

@@ -7,16 +7,18 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from unified_attn.managers import KVCacheManager, StateManager
+from unified_attn.managers.events import KVCacheEvent
 from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
 from unified_attn.runner.detokenizer import IncrementalText
 from unified_attn.runner.device import resolve_device
+from unified_attn.runner.kv_layout import ExportedBlock, LayerLayout
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
@@ -497,6 +499,7 @@ class LLMEngine:
         for parent in touched.values():
             if parent.done:
                 self._finish(parent)
+        self._publish_kv_events()
 
     def _count(
         self, output: SchedulerOutput, result: StepResult, appended: dict[str, int], start: float
@@ -591,6 +594,57 @@ class LLMEngine:
             self._sequences.pop(seq.request.request_id, None)
         if parent.request_id not in self._stream_queues:
             self._outputs.append(request_output(parent))
+
+    # ---- KV-cache events, layout and block transfer --------------------------------------------
+
+    def subscribe_kv_events(self, callback: Callable[[list[KVCacheEvent]], object]) -> None:
+        """Call `callback(events)` after every step that changed the prefix cache (and after
+        `import_cached_blocks`), with the `BlockStored` / `BlockRemoved` / `AllBlocksCleared`
+        events in order; never with an empty list. Turns events on: they describe changes from
+        now on, so a subscriber mirroring the whole cache subscribes before the first request."""
+        if not hasattr(self, "_kv_event_callbacks"):
+            self._kv_event_callbacks: list[Callable[[list[KVCacheEvent]], object]] = []
+            self.kv_cache_manager.enable_kv_cache_events()
+        self._kv_event_callbacks.append(callback)
+
+    def _publish_kv_events(self) -> None:
+        """Hand the pending KV-cache events to the subscribers (`_step` calls it last)."""
+        callbacks = getattr(self, "_kv_event_callbacks", None)
+        if not callbacks:
+            return
+        events = self.kv_cache_manager.take_events()
+        if events:
+            for callback in callbacks:
+                callback(list(events))
+
+    def kv_cache_layout(self) -> dict[str, LayerLayout]:
+        """Per layer with a cache, where its blocks live in `worker.kv_buffer`
+        (docs/kv-cache.md, "Events and block transfer")."""
+        return self.worker.kv_cache_layout()
+
+    def prompt_block_hashes(
+        self, prompt: str | Sequence[int], cache_salt: str | None = None
+    ) -> list[bytes]:
+        """The chained block hashes this engine keys a prompt's full blocks on (at the hash
+        block size): what routers match and `export_cached_blocks` takes."""
+        hasher = self.kv_cache_manager.make_block_hasher()
+        tokens = self.tokenize(prompt)
+        return Request("prompt", tokens, block_hasher=hasher, cache_salt=cache_salt).block_hashes
+
+    def export_cached_blocks(
+        self, block_hashes: Sequence[bytes], token_ids: Sequence[int] | None = None
+    ) -> list[ExportedBlock]:
+        """Every cached block of the prefix `block_hashes`, per group: its hash and its bytes
+        (read with `kv_cache_layout()` alone). `token_ids`, the prefix's tokens, are optional:
+        they only describe the blocks in the importer's events."""
+        return self.worker.export_cached_blocks(self.kv_cache_manager, block_hashes, token_ids)
+
+    def import_cached_blocks(self, blocks: Iterable[ExportedBlock]) -> int:
+        """Cache blocks another engine running the same model exported, so requests with that
+        prefix hit them here; returns how many were new. Checks every block first."""
+        imported = self.worker.import_cached_blocks(self.kv_cache_manager, blocks)
+        self._publish_kv_events()
+        return imported
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -47,21 +47,25 @@ class NgramProposer:
         tokens = np.asarray(token_ids, dtype=np.int64)
         if limit <= 0:
             return []
-        for n in range(
-            min(self.prompt_lookup_max, len(tokens) - 1), self.prompt_lookup_min - 1, -1
-        ):
-            start = _last_earlier_match(tokens, n)
+        longest = min(self.prompt_lookup_max, len(tokens) - 1)
+        for n in range(longest, self.prompt_lookup_min - 1, -1):
+            start = _earlier_match(tokens, n, limit)
             if start is not None:
                 return tokens[start + n : start + n + limit].tolist()
         return []
 
 
-def _last_earlier_match(tokens: np.ndarray, n: int) -> int | None:
-    """Start of the latest occurrence of the last `n` tokens other than the suffix itself, or
-    None."""
+def _earlier_match(tokens: np.ndarray, n: int, follow: int) -> int | None:
+    """Start of an earlier occurrence of the last `n` tokens (not the suffix itself): the
+    latest one followed by `follow` tokens, else the latest one; None if there is none. (In a
+    repeating run the latest occurrence ends one token before the sequence does and would
+    propose a single token.)"""
     windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # every earlier n-gram
     hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-    return int(hits[-1]) if len(hits) else None
+    if not len(hits):
+        return None
+    full = hits[hits + n + follow <= len(tokens)]
+    return int(full[-1]) if len(full) else int(hits[-1])
 
 
 def make_drafter(

@@ -4,11 +4,13 @@ Planning groups layers by `(manager_cls, config)` equality (a plain dict: config
 hashable), splits large buckets so every group has about the same bytes per block, and sizes one
 flat byte buffer shared by all groups: a block id belongs to one group at a time, so groups alias
 the same bytes and `bytes_per_block` is the max over groups, not the sum.
+
+`kv_cache_layout()` exports where every layer's blocks live in that buffer (`kv_layout.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -16,6 +18,13 @@ import torch
 
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.managers import KVCacheGroup, KVCacheManager, SchedulerKVCacheConfig
+from unified_attn.runner.kv_layout import (
+    ExportedBlock,
+    LayerLayout,
+    export_blocks,
+    import_blocks,
+    layer_layout,
+)
 from unified_attn.runner.memory import format_memory, host_memory_bytes
 from unified_attn.tensor_specs import KVCacheTensorSpec
 from unified_attn.utils import cdiv
@@ -45,6 +54,16 @@ class GroupPlan:
     def page_bytes(self) -> int:
         """Bytes one block id takes in this group (all its layers)."""
         return sum(lp.spec.page_size_bytes(self.block_size) for lp in self.layers)
+
+
+@attrs.frozen
+class BoundLayer:
+    """A layer's cache as `allocate` bound it: its group, spec, page offset and view."""
+
+    group_id: int
+    spec: KVCacheTensorSpec
+    offset_bytes: int
+    view: torch.Tensor | tuple[torch.Tensor, ...] = attrs.field(eq=False)
 
 
 @attrs.frozen
@@ -210,6 +229,7 @@ class Worker:
         self.blocks_per_request = self.plan.blocks_per_request(max_model_len, max_in_flight_tokens)
         self.kv_buffer: torch.Tensor | None = None
         self.num_blocks = 0
+        self.bound_layers: dict[str, BoundLayer] = {}
 
     def available_memory(self) -> int:
         """The KV budget: `kv_cache_memory` (checked against what the device has), else on
@@ -281,6 +301,7 @@ class Worker:
         )
         views: dict[AttentionBackend, dict[str, Any]] = {}
         group_map: dict[AttentionBackend, dict[str, int]] = {}
+        self.bound_layers = {}
         for gid, group in enumerate(plan.groups):
             offset = 0  # every group starts at byte 0 of the block: groups alias the buffer
             for lp in group.layers:
@@ -289,9 +310,51 @@ class Worker:
                 )
                 views.setdefault(lp.backend, {})[lp.layer.name] = view
                 group_map.setdefault(lp.backend, {})[lp.layer.name] = gid
+                self.bound_layers[lp.layer.name] = BoundLayer(gid, lp.spec, offset, view)
                 offset += lp.spec.page_size_bytes(plan.block_size)
         for backend, layer_views in views.items():
             backend.bind_kv_caches(layer_views, group_map[backend])
+
+    def kv_cache_layout(self) -> dict[str, LayerLayout]:
+        """Per layer with a cache: where its blocks live in `kv_buffer` and how its view reads
+        them. Block b of a layer is bytes `[b * bytes_per_block + offset_bytes, ... +
+        page_bytes)` of `kv_buffer`."""
+        self._allocated_buffer("kv_cache_layout")
+        return {
+            name: layer_layout(
+                bound.group_id,
+                bound.spec,
+                bound.offset_bytes,
+                bound.view,
+                block_size=self.plan.block_size,
+                bytes_per_block=self.plan.bytes_per_block,
+                num_blocks=self.num_blocks,
+            )
+            for name, bound in self.bound_layers.items()
+        }
+
+    def export_cached_blocks(
+        self,
+        kv_cache_manager: KVCacheManager,
+        block_hashes: Sequence[bytes],
+        token_ids: Sequence[int] | None = None,
+    ) -> list[ExportedBlock]:
+        """The cached blocks of the prefix `block_hashes`, read from this worker's buffer."""
+        buffer = self._allocated_buffer("export_cached_blocks")
+        layouts = self.kv_cache_layout()
+        return export_blocks(kv_cache_manager, buffer, layouts, block_hashes, token_ids)
+
+    def import_cached_blocks(
+        self, kv_cache_manager: KVCacheManager, blocks: Iterable[ExportedBlock]
+    ) -> int:
+        """Write exported blocks into free blocks and cache them; returns how many were new."""
+        buffer = self._allocated_buffer("import_cached_blocks")
+        return import_blocks(kv_cache_manager, buffer, self.kv_cache_layout(), blocks)
+
+    def _allocated_buffer(self, what: str) -> torch.Tensor:
+        if self.kv_buffer is None:
+            raise ValueError(f"{what}: the KV cache is not allocated yet; call allocate() first")
+        return self.kv_buffer
 
     def report(self) -> KVCacheReport:
         plan = self.plan
