@@ -144,6 +144,8 @@ class LLMEngine:
         self._outputs: list[RequestOutput] = []
         # Streamed requests: request id -> the queue of its stream (one queue per `stream`).
         self._stream_queues: dict[str, deque[StreamDelta]] = {}
+        # `subscribe_kv_events` callbacks, called after every step with its events
+        self._kv_event_callbacks: list[Callable[[list[KVCacheEvent]], object]] = []
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -602,19 +604,17 @@ class LLMEngine:
         `import_cached_blocks`), with the `BlockStored` / `BlockRemoved` / `AllBlocksCleared`
         events in order; never with an empty list. Turns events on: they describe changes from
         now on, so a subscriber mirroring the whole cache subscribes before the first request."""
-        if not hasattr(self, "_kv_event_callbacks"):
-            self._kv_event_callbacks: list[Callable[[list[KVCacheEvent]], object]] = []
+        if not self._kv_event_callbacks:
             self.kv_cache_manager.enable_kv_cache_events()
         self._kv_event_callbacks.append(callback)
 
     def _publish_kv_events(self) -> None:
         """Hand the pending KV-cache events to the subscribers (`_step` calls it last)."""
-        callbacks = getattr(self, "_kv_event_callbacks", None)
-        if not callbacks:
+        if not self._kv_event_callbacks:
             return
         events = self.kv_cache_manager.take_events()
         if events:
-            for callback in callbacks:
+            for callback in self._kv_event_callbacks:
                 callback(list(events))
 
     def kv_cache_layout(self) -> dict[str, LayerLayout]:
