@@ -1,10 +1,12 @@
 """CUDA graphs for decode steps.
 
-Decode batches (one new token per request) are padded up to a captured batch size and replayed.
-Everything the graph reads lives in persistent buffers that each step overwrites in place:
-token ids, positions, `query_start_loc`, `seq_lens`, per-group slot mappings and block tables.
-Padding rows have sequence length 0 (the kernels skip them), slot -1 (nothing is written) and
-block-table rows of the null block.
+Decode batches (one new token per request, or with speculative decoding `1 + k` tokens per
+request: the last token and k drafts) are padded up to a captured batch size and replayed. One
+graph is captured per (batch size, tokens per request). Everything the graph reads lives in
+persistent buffers that each step overwrites in place: token ids, positions,
+`query_start_loc`, `seq_lens`, per-group slot mappings and block tables. Padding rows have
+sequence length 0 (the kernels skip them), slot -1 (nothing is written) and block-table rows of
+the null block.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """One captured graph per decode batch size (`capture_sizes`) over persistent buffers;
-    `run` copies a step into the buffers, lets the backends plan on them, and replays."""
+    """One captured graph per decode batch size (`capture_sizes`) and tokens per request
+    (`query_lens`: 1, and `1 + k` with k draft tokens) over persistent buffers; `run` copies a
+    step into the buffers, lets the backends plan on them, and replays."""
 
     def __init__(
         self,
@@ -40,70 +43,78 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_model_len: int,
         device: torch.device,
+        query_lens: tuple[int, ...] = (1,),
     ) -> None:
         self.model = model
         self.backend_groups = backend_groups
         self.max_model_len = max_model_len
         self.block_sizes = dict(enumerate(block_sizes))
         self.sizes = capture_sizes(max_num_seqs)
+        self.query_lens = tuple(sorted(set(query_lens)))
         n = self.sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.query_start_loc_cpu = torch.arange(n + 1, dtype=torch.int32)
+        t = n * self.query_lens[-1]  # tokens of the largest step
+        self.input_ids = torch.zeros(t, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(t, dtype=torch.int64, device=device)
+        # query_start_loc of q tokens per request: fixed, one buffer per q
+        self.query_start_loc = {
+            q: torch.arange(n + 1, dtype=torch.int32, device=device) * q for q in self.query_lens
+        }
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=device)
-        self.slots = [torch.full((n,), -1, dtype=torch.int64, device=device) for _ in table_widths]
+        self.slots = [torch.full((t,), -1, dtype=torch.int64, device=device) for _ in table_widths]
         self.tables = [torch.zeros(n, w, dtype=torch.int32, device=device) for w in table_widths]
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # Per size, views of the persistent buffers: built once, reused every replay.
-        self.commons: dict[int, CommonAttentionMetadata] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Per (size, q), views of the persistent buffers: built once, reused every replay.
+        self.commons: dict[tuple[int, int], CommonAttentionMetadata] = {}
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self.pool: Any = None  # the graphs share one memory pool
         self.num_replays = 0
 
     def bucket(self, num_reqs: int) -> int | None:
         return next((s for s in self.sizes if s >= num_reqs), None)
 
-    def _common(self, n: int) -> CommonAttentionMetadata:
-        if n not in self.commons:
-            self.commons[n] = self._make_common(n)
-        return self.commons[n]
+    def _common(self, n: int, q: int) -> CommonAttentionMetadata:
+        if (n, q) not in self.commons:
+            self.commons[n, q] = self._make_common(n, q)
+        return self.commons[n, q]
 
-    def _make_common(self, n: int) -> CommonAttentionMetadata:
+    def _make_common(self, n: int, q: int) -> CommonAttentionMetadata:
+        qsl = self.query_start_loc[q][: n + 1]
         return CommonAttentionMetadata(
-            query_start_loc=self.query_start_loc[: n + 1],
-            query_start_loc_cpu=self.query_start_loc_cpu[: n + 1],
+            query_start_loc=qsl,
+            query_start_loc_cpu=torch.arange(n + 1, dtype=torch.int32) * q,
             seq_lens=self.seq_lens[:n],
             seq_lens_cpu=torch.zeros(n, dtype=torch.int32),
             num_computed_tokens_cpu=torch.zeros(n, dtype=torch.int32),
-            positions=self.positions[:n],
+            positions=self.positions[: n * q],
             num_reqs=n,
-            num_actual_tokens=n,
-            max_query_len=1,
+            num_actual_tokens=n * q,
+            max_query_len=q,
             max_seq_len=self.max_model_len,  # the split-KV plan must cover any length
-            slot_mappings={gid: s[:n] for gid, s in enumerate(self.slots)},
+            slot_mappings={gid: s[: n * q] for gid, s in enumerate(self.slots)},
             block_sizes=self.block_sizes,
         )
 
-    def _prep(self, n: int, capture: bool) -> None:
-        common = self._common(n)
+    def _prep(self, n: int, q: int, capture: bool) -> None:
+        common = self._common(n, q)
         for backend, gids in self.backend_groups:
             tables = {gid: self.tables[gid][:n] for gid in gids}
             backend.prep_forward(common, tables, for_cudagraph_capture=capture)
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Largest size first, so persistent scratch buffers are sized before any capture."""
-        for n in reversed(self.sizes):
-            self._prep(n, capture=True)
-            self.model.compute_logits(self.model(self.input_ids[:n], self.positions[:n]))
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                hidden = self.model(self.input_ids[:n], self.positions[:n])
-                self.logits[n] = self.model.compute_logits(hidden)
-            self.pool = graph.pool()
-            self.graphs[n] = graph
+        """Largest step first, so persistent scratch buffers are sized before any capture."""
+        for q in reversed(self.query_lens):
+            for n in reversed(self.sizes):
+                self._prep(n, q, capture=True)
+                ids, positions = self.input_ids[: n * q], self.positions[: n * q]
+                self.model.compute_logits(self.model(ids, positions))
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    hidden = self.model(ids, positions)
+                    self.logits[n, q] = self.model.compute_logits(hidden)
+                self.pool = graph.pool()
+                self.graphs[n, q] = graph
 
     @torch.inference_mode()
     def run(
@@ -112,21 +123,23 @@ class DecodeGraphs:
         common: CommonAttentionMetadata,
         tables: dict[int, torch.Tensor],
     ) -> torch.Tensor:
-        """Logits `[num_reqs, vocab]` of a decode step, by replaying the padded graph."""
-        b = common.num_reqs
+        """Logits `[num_reqs * q, vocab]` of a decode step whose requests all have q tokens, by
+        replaying the padded graph."""
+        b, q = common.num_reqs, common.max_query_len
         n = self.bucket(b)
-        assert n is not None, "decode batch larger than every captured size"
-        self.input_ids[:b].copy_(input_ids, non_blocking=True)
-        self.positions[:b].copy_(common.positions, non_blocking=True)
+        assert n is not None and q in self.query_lens, "no graph was captured for this step"
+        tokens = b * q
+        self.input_ids[:tokens].copy_(input_ids, non_blocking=True)
+        self.positions[:tokens].copy_(common.positions, non_blocking=True)
         self.seq_lens[:b].copy_(common.seq_lens, non_blocking=True)
         self.seq_lens[b:n].zero_()
         for gid, slots in enumerate(self.slots):
-            slots[:b].copy_(common.slot_mappings[gid], non_blocking=True)
-            slots[b:n].fill_(-1)
+            slots[:tokens].copy_(common.slot_mappings[gid], non_blocking=True)
+            slots[tokens : n * q].fill_(-1)
             table = tables[gid]
             self.tables[gid][:b, : table.shape[1]].copy_(table, non_blocking=True)
             self.tables[gid][b:n].zero_()
-        self._prep(n, capture=False)
-        self.graphs[n].replay()
+        self._prep(n, q, capture=False)
+        self.graphs[n, q].replay()
         self.num_replays += 1
-        return self.logits[n][:b]
+        return self.logits[n, q][:tokens]

@@ -112,16 +112,6 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             eos_token_ids=source.eos_token_ids,
         )
-        self.runner = ModelRunner(
-            self.model,
-            self.worker.plan,
-            device=self.device,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-            seed=config.seed,
-            cuda_graphs=config.cuda_graphs,
-            eos_token_ids=source.eos_token_ids,
-        )
         self.drafter = make_drafter(
             config.speculative_method,
             config.num_speculative_tokens,
@@ -133,6 +123,19 @@ class LLMEngine:
                 for gid, g in enumerate(self.worker.plan.groups)
                 if issubclass(g.manager_cls, StateManager)
             ],
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.worker.plan,
+            device=self.device,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=self.max_model_len,
+            seed=config.seed,
+            cuda_graphs=config.cuda_graphs,
+            eos_token_ids=source.eos_token_ids,
+            num_speculative_tokens=0
+            if self.drafter is None
+            else self.drafter.num_speculative_tokens,
         )
         self.stats = EngineStats()
         self._next_id = 0

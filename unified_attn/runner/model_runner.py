@@ -150,6 +150,7 @@ class ModelRunner:
         seed: int = 0,
         cuda_graphs: bool = False,
         eos_token_ids: tuple[int, ...] = (),
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -177,6 +178,8 @@ class ModelRunner:
                 max_num_seqs=max_num_seqs,
                 max_model_len=max_model_len,
                 device=self.device,
+                # decode steps verifying k drafts per request are captured too
+                query_lens=(1, 1 + num_speculative_tokens),
             )
             self.graphs.capture()
 
@@ -274,11 +277,16 @@ class ModelRunner:
         return [hidden[a:b] for a, b in itertools.pairwise(starts)]
 
     def _use_graphs(self, output: SchedulerOutput) -> bool:
-        """Decode steps (every request one token, each sampled) that fit a captured size."""
+        """Decode steps that fit a captured size: every request samples (no prompt logits) and
+        computes the same captured number of tokens (1, or 1 + k with k drafts each)."""
         if self.graphs is None or self.graphs.bucket(len(output.scheduled)) is None:
             return False
-        return all(
-            s.num_new_tokens == 1 and s.will_sample and not s.request.sampling_params.prompt_logits
+        q = output.scheduled[0].num_new_tokens
+        return q in self.graphs.query_lens and all(
+            s.num_new_tokens == q
+            and len(s.spec_token_ids) == q - 1
+            and s.will_sample
+            and not s.request.sampling_params.prompt_logits
             for s in output.scheduled
         )
 
