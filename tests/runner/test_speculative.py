@@ -21,13 +21,17 @@ def test_ngram_proposes_what_followed_the_latest_earlier_match():
     proposer = NgramProposer(3)
     assert proposer.propose([1, 2, 3, 4, 1, 2]) == [3, 4, 1]
     assert proposer.propose([1, 2, 3, 4, 1, 2], max_tokens=2) == [3, 4]
-    assert proposer.propose([1, 2, 3]) == []  # nothing recurs
+    assert proposer.propose([1, 2, 3]) == [3, 3, 3]  # nothing recurs: the last token again
+    assert proposer.propose([1, 2, 3, 4, 9, 2, 3]) == [4, 9, 2]
+    assert proposer.propose([4, 1, 2, 3, 1, 2]) == [3, 1, 2]
+    assert proposer.propose([8, 1, 2, 9, 1, 2]) == [9, 1, 2]
     # the longest suffix wins: [8, 1, 2] occurred later than another [1, 2]
     assert proposer.propose([1, 2, 5, 8, 1, 2, 6, 8, 1, 2]) == [6, 8, 1]
     assert proposer.propose([7, 7, 7], max_tokens=0) == []
     # in a repeating run, the latest match with a full continuation, not the one that ends
-    # right before the suffix (it would propose one token)
+    # right before the suffix (it would propose one token); a short find is padded
     assert proposer.propose([7] * 10) == [7, 7, 7]
+    assert proposer.propose([5, 6, 5]) == [6, 5, 5]
 
 
 def test_ngram_settings_are_checked():

@@ -125,6 +125,8 @@ class Sampler:
         probability of it, and a rejection draws from the target with the draft's token removed,
         which keeps every token distributed as the target (Leviathan et al., 2023)."""
         params: SamplingParams = request.sampling_params
+        if params.greedy and not self._needs_processing(request):
+            return self._verify_greedy(logits, request, drafts)
         tokens: list[int] = []
         outputs = list(request.output_token_ids)
         for j in range(len(drafts) + 1):
@@ -137,6 +139,17 @@ class Sampler:
             outputs.append(token)
         rows = logits[: len(tokens)]
         return tokens, self._logprobs(rows, tokens, [request] * len(tokens))
+
+    def _verify_greedy(
+        self, logits: torch.Tensor, request: Request, drafts: Sequence[int]
+    ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """Greedy rows that need no processing: every argmax in one transfer."""
+        best = logits.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and best[accepted] == drafts[accepted]:
+            accepted += 1
+        tokens = best[: accepted + 1]
+        return tokens, self._logprobs(logits[: len(tokens)], tokens, [request] * len(tokens))
 
     def _verify_row(
         self, row: torch.Tensor, request: Request, params: SamplingParams, draft: int | None

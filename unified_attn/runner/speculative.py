@@ -39,14 +39,26 @@ class NgramProposer:
             )
 
     def propose(self, token_ids: Sequence[int], max_tokens: int | None = None) -> list[int]:
-        """Up to `min(num_speculative_tokens, max_tokens)` draft tokens to follow `token_ids`
-        ([] when no suffix recurs)."""
+        """Exactly `min(num_speculative_tokens, max_tokens)` draft tokens to follow `token_ids`:
+        what followed the longest recurring suffix (of its occurrences, the latest followed by
+        enough tokens, else the latest), padded with repeats of its last token (without a
+        recurring suffix: repeats of the sequence's last token). A fixed draft count keeps
+        decode steps uniform, so they replay one captured CUDA graph; verifying a wrong guess
+        costs little in a step that
+        reads the weights anyway."""
         limit = self.num_speculative_tokens
         if max_tokens is not None:
             limit = min(limit, max_tokens)
         tokens = np.asarray(token_ids, dtype=np.int64)
-        if limit <= 0:
+        if limit <= 0 or not len(tokens):
             return []
+        drafts = self._lookup(tokens, limit)
+        if not drafts:
+            drafts = [int(tokens[-1])]
+        return drafts + [drafts[-1]] * (limit - len(drafts))
+
+    def _lookup(self, tokens: np.ndarray, limit: int) -> list[int]:
+        """What followed the longest recurring suffix ([] if none recurs)."""
         longest = min(self.prompt_lookup_max, len(tokens) - 1)
         for n in range(longest, self.prompt_lookup_min - 1, -1):
             start = _earlier_match(tokens, n, limit)
@@ -57,9 +69,7 @@ class NgramProposer:
 
 def _earlier_match(tokens: np.ndarray, n: int, follow: int) -> int | None:
     """Start of an earlier occurrence of the last `n` tokens (not the suffix itself): the
-    latest one followed by `follow` tokens, else the latest one; None if there is none. (In a
-    repeating run the latest occurrence ends one token before the sequence does and would
-    propose a single token.)"""
+    latest one followed by `follow` tokens, else the latest one; None if there is none."""
     windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # every earlier n-gram
     hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
     if not len(hits):
