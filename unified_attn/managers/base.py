@@ -41,6 +41,10 @@ class SingleTypeKVCacheManager(ABC):
     # Full attention's left-to-right hit is downward closed: the hybrid coordinator queries it
     # first as an upper bound and afterwards only trims it.
     hit_is_downward_closed: ClassVar[bool] = False
+    # Whether a hit of L tokens needs every one of the group's blocks before L (full
+    # attention): window-aware eviction then treats its cached blocks as chains (a block whose
+    # parent is gone is dead) and as backing the other groups' blocks that end where its do.
+    hit_needs_whole_prefix: ClassVar[bool] = False
     # Zero newly allocated blocks before use (state is read before it is fully written).
     needs_zeroed_blocks: ClassVar[bool] = False
     # Whether the policy frees blocks before the request ends (skips work for full attention).

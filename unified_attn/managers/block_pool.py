@@ -8,6 +8,10 @@ hashed block keeps its hash in the free queue until `get_new_blocks` pops it.
 With `enable_kv_cache_events` the pool also records what enters and leaves the prefix cache
 (`managers/events.py`); `take_events()` drains them. Off by default: then the hot paths only
 test one flag per call.
+
+With `eviction="window_aware"` (`managers/eviction.py`) a block is taken from the free queue in
+this order: a block without a hash at the head, else a cached block no prefix hit can use (dead),
+else the head (LRU). The default `"lru"` is vLLM's order exactly.
 """
 
 from __future__ import annotations
@@ -22,10 +26,23 @@ from unified_attn.managers.events import (
     BlockStored,
     KVCacheEvent,
 )
+from unified_attn.managers.eviction import (
+    DeadBlockFinder,
+    EvictionPolicy,
+    GroupLayout,
+    check_eviction,
+)
 from unified_attn.managers.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
-from unified_attn.managers.hashing import with_group_id
+from unified_attn.managers.hashing import split_group_id, with_group_id
+from unified_attn.managers.prefix_cache_map import BlockHashToBlockMap
 
-__all__ = ["BlockPool", "FreeKVCacheBlockQueue", "KVCacheBlock", "PrefixCacheStats"]
+__all__ = [
+    "BlockHashToBlockMap",
+    "BlockPool",
+    "FreeKVCacheBlockQueue",
+    "KVCacheBlock",
+    "PrefixCacheStats",
+]
 
 
 @attrs.define
@@ -46,56 +63,22 @@ class PrefixCacheStats:
         self.hits += num_hit_tokens
 
 
-class BlockHashToBlockMap:
-    """`hash+group -> block`, allowing duplicates (two blocks may hold the same content).
+class BlockPool:
+    """`num_blocks` blocks shared by every KV-cache group, with prefix caching.
 
-    A single block is stored bare and becomes a `{block_id: block}` dict on the second insert.
+    `eviction="window_aware"` evicts dead cached blocks first; `group_layouts` (one
+    `GroupLayout` per group id) tell it which groups' hits need the whole prefix. Without
+    layouts no block is ever dead and the order is LRU.
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
-        entry = self._cache.get(key)
-        if entry is None or isinstance(entry, KVCacheBlock):
-            return entry
-        return next(iter(entry.values()))
-
-    def insert(self, key: bytes, block: KVCacheBlock) -> None:
-        entry = self._cache.get(key)
-        if entry is None:
-            self._cache[key] = block
-        elif isinstance(entry, KVCacheBlock):
-            self._cache[key] = {entry.block_id: entry, block.block_id: block}
-        else:
-            entry[block.block_id] = block
-
-    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
-        entry = self._cache.get(key)
-        if entry is None:
-            return None
-        if isinstance(entry, KVCacheBlock):
-            if entry.block_id != block_id:
-                return None
-            del self._cache[key]
-            return entry
-        block = entry.pop(block_id, None)
-        if len(entry) == 1:
-            self._cache[key] = next(iter(entry.values()))
-        return block
-
-    def clear(self) -> None:
-        self._cache.clear()
-
-
-class BlockPool:
-    """`num_blocks` blocks shared by every KV-cache group, with prefix caching."""
-
     def __init__(
-        self, num_blocks: int, enable_caching: bool = True, enable_kv_cache_events: bool = False
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        enable_kv_cache_events: bool = False,
+        *,
+        eviction: EvictionPolicy = "lru",
+        group_layouts: Sequence[GroupLayout] = (),
     ) -> None:
         if num_blocks < 2:
             raise ValueError(
@@ -111,6 +94,11 @@ class BlockPool:
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
+        self.eviction = check_eviction(eviction)
+        self.dead_blocks: DeadBlockFinder | None = None
+        if eviction == "window_aware":
+            cache = self.cached_block_hash_to_block
+            self.dead_blocks = DeadBlockFinder(cache, group_layouts, num_blocks)
 
     # ---- lookup and caching ------------------------------------------------------------------
 
@@ -151,6 +139,9 @@ class BlockPool:
         if self.enable_kv_cache_events:
             self._check_event_inputs(token_ids, block_size)
             stored = []
+        finder = self.dead_blocks
+        if finder is not None and not finder.is_chained(group_id):
+            finder = None  # only whole-prefix groups keep their chains
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null or block.block_hash is not None:
@@ -158,6 +149,12 @@ class BlockPool:
             key = with_group_id(block_hashes[i], group_id)
             block.block_hash = key
             self.cached_block_hash_to_block.insert(key, block)
+            if finder is not None and i:
+                # The block before it holds the parent key (None when `evict_blocks` dropped
+                # it: this block is then left out of the chains and evicted in LRU order).
+                parent_key = blocks[i - 1].block_hash
+                if parent_key is not None:
+                    finder.key_cached(block, parent_key)
             if stored is not None:
                 stored.append(i)
         if stored:
@@ -193,6 +190,9 @@ class BlockPool:
         key = with_group_id(block_hash, group_id)
         block.block_hash = key
         self.cached_block_hash_to_block.insert(key, block)
+        finder = self.dead_blocks
+        if finder is not None and finder.is_chained(group_id) and parent_block_hash is not None:
+            finder.key_cached(block, with_group_id(parent_block_hash, group_id))
         if self.enable_kv_cache_events:
             tokens = list(token_ids)
             stored = BlockStored([block_hash], parent_block_hash, tokens, block_size, group_id)
@@ -205,8 +205,12 @@ class BlockPool:
             return False
         block.block_hash = None
         self.cached_block_hash_to_block.pop(key, block.block_id)
+        if self.dead_blocks is not None:
+            if key not in self.cached_block_hash_to_block:
+                self.dead_blocks.key_uncached(key, block.parent_block_hash)
+            block.parent_block_hash = None
         if self.enable_kv_cache_events:
-            block_hash, group_id = _split_key(key)
+            block_hash, group_id = split_group_id(key)
             self.kv_event_queue.append(BlockRemoved([block_hash], group_id))
         return True
 
@@ -256,12 +260,46 @@ class BlockPool:
                 f"Cannot get {num_blocks} free blocks from the pool: only {num_free} are free; "
                 "check with get_num_free_blocks() before allocating."
             )
+        if self.dead_blocks is not None:
+            return self._get_new_blocks_window_aware(num_blocks)
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
             if block.block_hash is not None:
                 self._maybe_evict_cached_block(block)
             block.ref_cnt = 1
         return blocks
+
+    def _get_new_blocks_window_aware(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Each block: the head if it carries no hash, else a dead block, else the head (LRU).
+
+        Blocks without a hash at the head go in one batch; a hashed one goes alone, since its
+        eviction may kill blocks that must come before the next one."""
+        finder, queue = self.dead_blocks, self.free_block_queue
+        assert finder is not None
+        blocks: list[KVCacheBlock] = []
+        while len(blocks) < num_blocks:
+            head = queue.head.next_free_block
+            assert head is not None
+            if head.block_hash is None:
+                run = queue.popleft_n(self._leading_unhashed(num_blocks - len(blocks)))
+                for block in run:
+                    block.ref_cnt = 1
+                blocks += run
+                continue
+            dead = finder.pop_dead(queue) if finder.suspects else None
+            victim = dead if dead is not None else queue.popleft()
+            self._maybe_evict_cached_block(victim)
+            victim.ref_cnt = 1
+            blocks.append(victim)
+        return blocks
+
+    def _leading_unhashed(self, limit: int) -> int:
+        """How many of the first `limit` free blocks (there are that many) carry no hash."""
+        count, block = 0, self.free_block_queue.head.next_free_block
+        while count < limit and block is not None and block.block_hash is None:
+            count += 1
+            block = block.next_free_block
+        return count
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on prefix-hit blocks, reviving free ones (they keep their hash)."""
@@ -303,8 +341,10 @@ class BlockPool:
         if self.get_num_free_blocks() != self.num_blocks - 1:
             return False
         self.cached_block_hash_to_block.clear()
+        if self.dead_blocks is not None:
+            self.dead_blocks.clear()
         for block in self.blocks:
-            block.block_hash = None
+            block.block_hash = block.parent_block_hash = None
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True
@@ -328,8 +368,3 @@ def _contiguous_runs(positions: list[int]) -> list[tuple[int, int]]:
         prev = pos
     runs.append((start, prev + 1))
     return runs
-
-
-def _split_key(key: bytes) -> tuple[bytes, int]:
-    """A cache key (`hashing.with_group_id`) back into the plain block hash and the group id."""
-    return key[:-4], int.from_bytes(key[-4:], "big")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import BlockPool, KVCacheBlock
 from unified_attn.managers.config import SchedulerKVCacheConfig
+from unified_attn.managers.eviction import EvictionPolicy, GroupLayout
 from unified_attn.managers.hashing import hashes_at_block_size
 from unified_attn.request import Request
 
@@ -23,11 +24,18 @@ class KVCacheCoordinator:
         max_model_len: int,
         max_in_flight_tokens: int | None,
         enable_caching: bool,
+        eviction: EvictionPolicy = "lru",
     ) -> None:
-        self.block_pool = BlockPool(config.num_blocks, enable_caching)
         sizes = [config.group_block_size(i) for i in range(len(config.groups))] or [
             config.block_size
         ]
+        layouts = [
+            GroupLayout(sizes[gid], getattr(group.manager_cls, "hit_needs_whole_prefix", False))
+            for gid, group in enumerate(config.groups)
+        ]
+        self.block_pool = BlockPool(
+            config.num_blocks, enable_caching, eviction=eviction, group_layouts=layouts
+        )
         self.hash_block_size = math.gcd(*sizes)
         self.alignment = math.lcm(*sizes)
         self.managers: list[SingleTypeKVCacheManager] = [
@@ -181,6 +189,7 @@ def make_coordinator(
     max_model_len: int,
     max_in_flight_tokens: int | None,
     enable_caching: bool,
+    eviction: EvictionPolicy = "lru",
 ) -> KVCacheCoordinator:
     if not enable_caching or not config.groups:
         cls: type[KVCacheCoordinator] = NoPrefixCacheCoordinator
@@ -188,4 +197,4 @@ def make_coordinator(
         cls = UnitaryCoordinator
     else:
         cls = HybridCoordinator
-    return cls(config, max_model_len, max_in_flight_tokens, enable_caching)
+    return cls(config, max_model_len, max_in_flight_tokens, enable_caching, eviction)

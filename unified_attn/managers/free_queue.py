@@ -7,13 +7,16 @@ from collections.abc import Iterator, Sequence
 
 class KVCacheBlock:
     """One block of the pool. `block_hash` is the prefix-cache key (hash + group id) while the
-    block is full and cached; the `prev/next_free_block` links are owned by the free queue."""
+    block is full and cached; the `prev/next_free_block` links are owned by the free queue.
+    `parent_block_hash` is the key of the block before it in its chain, kept only by
+    window-aware eviction for full-attention groups."""
 
     __slots__ = (
         "block_hash",
         "block_id",
         "is_null",
         "next_free_block",
+        "parent_block_hash",
         "prev_free_block",
         "ref_cnt",
     )
@@ -22,6 +25,7 @@ class KVCacheBlock:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self.block_hash = block_hash
+        self.parent_block_hash: bytes | None = None
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = False

@@ -20,6 +20,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         pass
 
     hit_is_downward_closed = True
+    hit_needs_whole_prefix = True
     frees_blocks_early = False
 
     def max_blocks_per_request(self) -> int:

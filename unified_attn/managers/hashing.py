@@ -86,6 +86,11 @@ def with_group_id(block_hash: bytes, group_id: int) -> BlockHashWithGroupId:
     return BlockHashWithGroupId(block_hash + group_id.to_bytes(4, "big"))
 
 
+def split_group_id(key: bytes) -> tuple[bytes, int]:
+    """A cache key (`with_group_id`) back into the plain block hash and the group id."""
+    return key[:-4], int.from_bytes(key[-4:], "big")
+
+
 def hashes_at_block_size(hashes: list[bytes], hash_block_size: int, block_size: int) -> list[bytes]:
     """Hashes of `block_size`-token blocks from hashes of `hash_block_size`-token blocks.
 

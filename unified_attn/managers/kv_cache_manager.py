@@ -10,6 +10,7 @@ from unified_attn.managers.block_pool import KVCacheBlock, PrefixCacheStats
 from unified_attn.managers.config import SchedulerKVCacheConfig
 from unified_attn.managers.coordinator import make_coordinator
 from unified_attn.managers.events import KVCacheEvent
+from unified_attn.managers.eviction import EvictionPolicy
 from unified_attn.managers.hashing import request_block_hasher
 from unified_attn.request import Request
 
@@ -35,6 +36,9 @@ class KVCacheManager:
     `get_computed_blocks` and `allocate_slots(request, n, num_hit, hits)`, for a running one
     `allocate_slots(request, n)`, and `free(request)` when it finishes or is preempted. It
     never sees tensors: block ids go to the runner, which maps them to memory.
+
+    `eviction` picks which cached block a new block evicts: `"lru"` (default, vLLM's order)
+    or `"window_aware"` (blocks no prefix hit can use first; docs/kv-cache.md).
     """
 
     def __init__(
@@ -43,6 +47,7 @@ class KVCacheManager:
         max_model_len: int,
         max_in_flight_tokens: int | None = None,
         enable_caching: bool = True,
+        eviction: EvictionPolicy = "lru",
     ) -> None:
         if max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {max_model_len}")
@@ -50,7 +55,7 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.coordinator = make_coordinator(
-            kv_cache_config, max_model_len, max_in_flight_tokens, enable_caching
+            kv_cache_config, max_model_len, max_in_flight_tokens, enable_caching, eviction
         )
         self.block_pool = self.coordinator.block_pool
         self.managers = self.coordinator.managers
