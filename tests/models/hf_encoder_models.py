@@ -1,5 +1,5 @@
-"""Small random-weight transformers BERT and BART models saved in Hugging Face layout, and the
-batch metadata of a step without a KV cache, for parity tests."""
+"""Small random-weight transformers BERT and BART models saved in Hugging Face layout, for parity
+tests."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from unified_attn.backend import CommonAttentionMetadata
 
 transformers = __import__("pytest").importorskip("transformers")
 
@@ -74,26 +72,6 @@ def packed(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = torch.tensor([t for p in prompts for t in p])
     positions = torch.cat([torch.arange(len(p)) for p in prompts])
     return ids, positions
-
-
-def uncached_metadata(lengths: list[int]) -> CommonAttentionMetadata:
-    """A step whose requests have only new tokens and no KV cache (encoder self-attention)."""
-    lens = torch.tensor(lengths, dtype=torch.int32)
-    qsl = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    qsl[1:] = torch.cumsum(lens, 0)
-    return CommonAttentionMetadata(
-        query_start_loc=qsl,
-        query_start_loc_cpu=qsl,
-        seq_lens=lens,
-        seq_lens_cpu=lens,
-        num_computed_tokens_cpu=torch.zeros_like(lens),
-        positions=torch.cat([torch.arange(n) for n in lengths]),
-        num_reqs=len(lengths),
-        num_actual_tokens=int(qsl[-1]),
-        max_query_len=max(lengths),
-        max_seq_len=max(lengths),
-        slot_mappings={},
-    )
 
 
 def prompts(lengths: list[int], vocab_size: int = 128, seed: int = 0) -> list[list[int]]:

@@ -12,12 +12,12 @@ from tests.models.hf_encoder_models import (
     packed,
     prompts,
     save_hf_model,
-    uncached_metadata,
 )
 from unified_attn.backend import AttentionType, CommonAttentionMetadata
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.models.bart import BartConfig, EncoderDecoderModel
 from unified_attn.models.hf_encoders import bart_config_from_hf, load_bart
+from unified_attn.runner.model_runner import encoder_metadata
 from unified_attn.runner.worker import Worker
 
 ENCODER_LENS = [11, 5]
@@ -37,7 +37,8 @@ def checkpoint(request, tmp_path_factory):
 
 def encode(model: EncoderDecoderModel, batch: list[list[int]]) -> torch.Tensor:
     """The encoder output `[E, d_model]` of `batch`, packed."""
-    model.backends["encoder"].prep_forward(uncached_metadata([len(p) for p in batch]), {})
+    common = encoder_metadata([len(p) for p in batch], torch.device("cpu"))
+    model.backends["encoder"].prep_forward(common, {})
     return model.encode(*packed(batch))
 
 

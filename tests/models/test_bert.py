@@ -10,19 +10,19 @@ from tests.models.hf_encoder_models import (
     packed,
     prompts,
     save_hf_model,
-    uncached_metadata,
 )
 from unified_attn.backend import AttentionType
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.models.bert import BertConfig, BertEncoderModel
 from unified_attn.models.hf_encoders import bert_config_from_hf, load_bert
+from unified_attn.runner.model_runner import encoder_metadata
 
 LENGTHS = [7, 1, 19]
 
 
 def encode(model: BertEncoderModel, batch: list[list[int]]) -> list[torch.Tensor]:
     """All prompts in one forward; per prompt its hidden states `[len, hidden]`."""
-    common = uncached_metadata([len(p) for p in batch])
+    common = encoder_metadata([len(p) for p in batch], torch.device("cpu"))
     for backend in model.backends.values():
         backend.prep_forward(common, {})
     ids, positions = packed(batch)

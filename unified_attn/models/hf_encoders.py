@@ -12,6 +12,7 @@ found and what to do; names and shapes are checked on a meta-device model first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -133,6 +134,7 @@ def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
+ModelT = TypeVar("ModelT", bound=nn.Module)
 ConfigT = TypeVar("ConfigT", BertConfig, BartConfig)
 
 
@@ -161,12 +163,9 @@ def load_bert(
     """BERT encoder (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
     path = Path(path)
     config = bert_config_from_hf(read_hf_config(path), name=path.name)
-    expected = BertEncoderModel(config, backend_cls, device="meta")
-    state = _checked(_bert_names(read_state_dict(path)), expected, str(path), "BertModel")
-    model = BertEncoderModel(
-        config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
-    )
-    model.load_state_dict(state)
+    raw = _bert_names(read_state_dict(path))
+    build = functools.partial(BertEncoderModel, config, backend_cls)
+    model = _build_loaded(build, raw, path, "BertModel", dtype, device, backend_options)
     return model, load_tokenizer(path)
 
 
@@ -181,14 +180,27 @@ def load_bart(
     """BART (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
     path = Path(path)
     config = bart_config_from_hf(read_hf_config(path), name=path.name)
-    expected = EncoderDecoderModel(config, backend_cls, device="meta")
     raw = _bart_names(read_state_dict(path), config)
-    state = _checked(raw, expected, str(path), "BartForConditionalGeneration")
-    model = EncoderDecoderModel(
-        config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
-    )
-    model.load_state_dict(state)
+    build = functools.partial(EncoderDecoderModel, config, backend_cls)
+    arch = "BartForConditionalGeneration"
+    model = _build_loaded(build, raw, path, arch, dtype, device, backend_options)
     return model, load_tokenizer(path)
+
+
+def _build_loaded(
+    build: Callable[..., ModelT],
+    raw: dict[str, torch.Tensor],
+    path: Path,
+    architecture: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    backend_options: dict[str, Any] | None,
+) -> ModelT:
+    """Check `raw` against a meta-device model of `build`, then build the real one and load."""
+    state = _checked(raw, build(device="meta"), str(path), architecture)
+    model = build(dtype=dtype, device=device, backend_options=backend_options)
+    model.load_state_dict(state)
+    return model
 
 
 def _bert_names(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
