@@ -18,7 +18,7 @@ from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
 from unified_attn.runner.detokenizer import IncrementalText
 from unified_attn.runner.device import resolve_device
-from unified_attn.runner.kv_layout import ExportedBlock, LayerLayout
+from unified_attn.runner.kv_access import KVCacheAccess
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
@@ -37,7 +37,7 @@ from unified_attn.runner.sequences import (
     gather_logprobs,
     request_output,
 )
-from unified_attn.runner.speculative import make_drafter
+from unified_attn.runner.speculative import make_drafter, propose_drafts
 from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
@@ -58,7 +58,7 @@ _AUTO_ID = re.compile(r"req-(\d+)")
 PromptType = str | Sequence[int] | Mapping[str, Any]
 
 
-class LLMEngine:
+class LLMEngine(KVCacheAccess):
     """A model on one device behind `generate` and `stream`, or driven step by step.
 
     Construction loads the model (a preset or a Hugging Face checkpoint directory) with the
@@ -490,7 +490,8 @@ class LLMEngine:
         }
         self._count(output, result, appended, start)
         self._keep_logits(output, result, appended)
-        self._propose_drafts(output)
+        if self.drafter is not None:
+            propose_drafts(self.drafter, output, self.max_model_len)
         finished_ids = {r.request_id for r in finished}
         touched: dict[str, ParentRequest] = {}
         for entry in output.scheduled:
@@ -534,21 +535,6 @@ class LLMEngine:
             self._sequences[rid].prompt_logits.append(rows)
         for rid, rows in result.sample_logits.items():  # the rows of the tokens kept
             self._sequences[rid].sample_logits.append(rows[: appended[rid]])
-
-    def _propose_drafts(self, output: SchedulerOutput) -> None:
-        """Speculative decoding: draft tokens for the next step of every running request that
-        decodes, within `max_model_len` and its `max_tokens` (the step adds one token more)."""
-        if self.drafter is None:
-            return
-        for entry in output.scheduled:
-            request = entry.request
-            if request.status != RequestStatus.RUNNING or not entry.will_sample:
-                continue
-            room = self.max_model_len - request.num_tokens
-            max_tokens = request.sampling_params.max_tokens
-            if max_tokens is not None:
-                room = min(room, max_tokens - request.num_output_tokens - 1)
-            request.spec_token_ids = self.drafter.propose(request.all_token_ids, room)
 
     def _advance(self, seq: SequenceState, result: StepResult, finished_now: bool) -> None:
         """Gather a sequence's new tokens: log-probabilities, finish, text and stop strings, and
@@ -599,55 +585,6 @@ class LLMEngine:
             self._sequences.pop(seq.request.request_id, None)
         if parent.request_id not in self._stream_queues:
             self._outputs.append(request_output(parent))
-
-    # ---- KV-cache events, layout and block transfer --------------------------------------------
-
-    def subscribe_kv_events(self, callback: Callable[[list[KVCacheEvent]], object]) -> None:
-        """Call `callback(events)` after every step that changed the prefix cache (and after
-        `import_cached_blocks`), with the `BlockStored` / `BlockRemoved` / `AllBlocksCleared`
-        events in order; never with an empty list. Turns events on: they describe changes from
-        now on, so a subscriber mirroring the whole cache subscribes before the first request."""
-        if not self._kv_event_callbacks:
-            self.kv_cache_manager.enable_kv_cache_events()
-        self._kv_event_callbacks.append(callback)
-
-    def _publish_kv_events(self) -> None:
-        """Hand the pending KV-cache events to the subscribers (`_step` calls it last)."""
-        if not self._kv_event_callbacks:
-            return
-        events = self.kv_cache_manager.take_events()
-        if events:
-            for callback in self._kv_event_callbacks:
-                callback(list(events))
-
-    def kv_cache_layout(self) -> dict[str, LayerLayout]:
-        """Per layer with a cache, where its blocks live in `worker.kv_buffer`
-        (docs/kv-cache.md, "Events and block transfer")."""
-        return self.worker.kv_cache_layout()
-
-    def prompt_block_hashes(
-        self, prompt: str | Sequence[int], cache_salt: str | None = None
-    ) -> list[bytes]:
-        """The chained block hashes this engine keys a prompt's full blocks on (at the hash
-        block size): what routers match and `export_cached_blocks` takes."""
-        hasher = self.kv_cache_manager.make_block_hasher()
-        tokens = self.tokenize(prompt)
-        return Request("prompt", tokens, block_hasher=hasher, cache_salt=cache_salt).block_hashes
-
-    def export_cached_blocks(
-        self, block_hashes: Sequence[bytes], token_ids: Sequence[int] | None = None
-    ) -> list[ExportedBlock]:
-        """Every cached block of the prefix `block_hashes`, per group: its hash and its bytes
-        (read with `kv_cache_layout()` alone). `token_ids`, the prefix's tokens, are optional:
-        they only describe the blocks in the importer's events."""
-        return self.worker.export_cached_blocks(self.kv_cache_manager, block_hashes, token_ids)
-
-    def import_cached_blocks(self, blocks: Iterable[ExportedBlock]) -> int:
-        """Cache blocks another engine running the same model exported, so requests with that
-        prefix hit them here; returns how many were new. Checks every block first."""
-        imported = self.worker.import_cached_blocks(self.kv_cache_manager, blocks)
-        self._publish_kv_events()
-        return imported
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from unified_attn.request import RequestStatus
+from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.utils import positive_int
 
 SPECULATIVE_METHODS = ("ngram",)
@@ -122,3 +124,17 @@ def make_drafter(
             "speculative_method for this model"
         )
     return NgramProposer(num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)
+
+
+def propose_drafts(drafter: NgramProposer, output: SchedulerOutput, max_model_len: int) -> None:
+    """After a step: draft tokens for the next step of every running request of `output` that
+    decodes, within `max_model_len` and its `max_tokens` (the step adds one token more)."""
+    for entry in output.scheduled:
+        request = entry.request
+        if request.status != RequestStatus.RUNNING or not entry.will_sample:
+            continue
+        room = max_model_len - request.num_tokens
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens - 1)
+        request.spec_token_ids = drafter.propose(request.all_token_ids, room)
