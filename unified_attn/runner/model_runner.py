@@ -227,7 +227,8 @@ class ModelRunner:
             row += 1 + len(entry.spec_token_ids)
         plain = [i for i, e in enumerate(entries) if not e.spec_token_ids]
         if plain:
-            rows = logits[[first_rows[i] for i in plain]]
+            # without drafts every row is sampled: no gather (the common decode step)
+            rows = logits if len(plain) == len(logits) else logits[[first_rows[i] for i in plain]]
             sampled = self.sampler.sample(rows, [entries[i].request for i in plain])
             for j, i in enumerate(plain):
                 lp = sampled.logprobs[j]
