@@ -1,6 +1,8 @@
-"""Decode throughput with n-gram speculative decoding against the same engine without it.
+"""Decode throughput with speculative decoding (n-gram or a draft model) against the same
+engine without it.
 
     python benchmarks/speculative.py [--quick] [--device cuda] [--batch-sizes 1,2,4,8]
+        [--method ngram|draft] [--draft-layers 2]
 
 For each batch size B, B requests with a repetitive prompt (a 64-token block repeated with one
 token changed per copy, as code edits and summaries that copy do) generate `--max-tokens`
@@ -12,8 +14,11 @@ steps with and without drafts); each run is timed after a warm-up run of the sam
 Reported per batch size: generated tokens/s of each, their ratio, the acceptance rate and
 accepted drafts per request-step, and whether greedy tokens are identical. The model:
 `bench-llama-1b`, a random-weight Llama of 1.2B parameters (hidden 2048, 16 layers, 32 query /
-8 KV heads of 64), or `tiny-llama` with `--quick`. Writes `<out>/speculative.json` and
-`speculative.png`.
+8 KV heads of 64), or `tiny-llama` with `--quick`. With `--method draft` the drafts come from
+a draft model of the same shape with `--draft-layers` layers (2: about 14% of the target's
+parameters with the embeddings) whose (tied) embeddings are copied from the target after the
+scaling: like a distilled draft, it then agrees with the target on this workload. Writes
+`<out>/speculative[_draft].json` and `.png`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from unified_attn.models import LayerKind
 from unified_attn.models.presets import PRESETS, get_preset
 
 BENCH_MODEL = "bench-llama-1b"
+DRAFT_SUFFIX = "-draft"
 BLOCK = 64  # tokens of the repeated prompt block
 
 
@@ -60,6 +66,16 @@ def register_bench_model() -> None:
         max_position_embeddings=4096,
         layer_kinds=[LayerKind.full()] * 16,
     )
+
+
+def register_draft_model(target: str, num_layers: int) -> str:
+    """The target preset with `num_layers` layers, as a preset of this process."""
+    name = target + DRAFT_SUFFIX
+    PRESETS[name] = attrs.evolve(
+        get_preset(target), name=name, num_layers=num_layers,
+        layer_kinds=[LayerKind.full()] * num_layers,
+    )  # fmt: skip
+    return name
 
 
 def repetitive_prompt(index: int, copies: int, vocab: int) -> list[int]:
@@ -103,10 +119,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     common = dict(device=args.device, max_num_seqs=max(args.batch_sizes), seed=0,
                   max_model_len=2048, kv_cache_memory=memory, dtype=args.dtype)  # fmt: skip
     plain = LLMEngine(model, **common)
-    spec = LLMEngine(model, speculative_method="ngram",
-                     num_speculative_tokens=args.num_speculative_tokens, **common)  # fmt: skip
+    method: dict[str, Any] = {"speculative_method": args.method}
+    if args.method == "draft":
+        method["draft_model"] = register_draft_model(model, args.draft_layers)
+    spec = LLMEngine(model, num_speculative_tokens=args.num_speculative_tokens, **method, **common)
     for engine in (plain, spec):  # > 1: the random model mostly repeats its last token
         engine.model.model.embed_tokens.weight.mul_(args.embedding_scale)
+    draft = getattr(spec.drafter, "source", None)
+    if draft is not None:  # the draft reads and writes tokens as the target does
+        draft.model.model.embed_tokens.weight.copy_(spec.model.model.embed_tokens.weight)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     vocab = plain.vocab_size
     rows = []
@@ -133,7 +154,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "dtype": str(plain.model.dtype).removeprefix("torch."),
         "cuda_graphs": plain.runner.graphs is not None,
+        "method": args.method,
+        "draft_model": method.get("draft_model"),
         "params": {
+            "draft_layers": args.draft_layers if args.method == "draft" else None,
             "num_speculative_tokens": args.num_speculative_tokens,
             "max_tokens": args.max_tokens,
             "prompt_tokens": BLOCK * args.copies,
@@ -146,7 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(report: dict[str, Any]) -> None:
     console = make_console(110)
     out = table(
-        f"n-gram speculation, {report['model']} on {report['device']} ({report['backend']})",
+        f"{report['method']} speculation, {report['model']} on {report['device']} "
+        f"({report['backend']})",
         ["batch", "plain tok/s", "spec tok/s", "speedup", "acceptance", "accepted/step",
          "identical"],
     )  # fmt: skip
@@ -172,7 +197,7 @@ def plot(report: dict[str, Any], path: Any) -> None:
     batches = [r["batch_size"] for r in report["rows"]]
     ax.plot(batches, [r["plain"]["tokens_per_s"] for r in report["rows"]], "o-", label="plain")
     spec = [r["speculative"]["tokens_per_s"] for r in report["rows"]]
-    ax.plot(batches, spec, "o-", label="n-gram speculation")
+    ax.plot(batches, spec, "o-", label=f"{report['method']} speculation")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")
     ax.set_ylabel("generated tokens/s")
@@ -186,6 +211,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny-llama, short runs (CPU)")
     parser.add_argument("--device", default="cuda", help="cuda or cpu (default: cuda)")
     parser.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated")
+    parser.add_argument("--method", default="ngram", choices=["ngram", "draft"])
+    parser.add_argument("--draft-layers", type=int, default=2, help="layers of the draft model")
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--copies", type=int, default=6, help="copies of the 64-token block")
@@ -211,10 +238,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     report = run(args)
     out = output_dir(args)
-    write_json(out / "speculative.json", report)
+    name = "speculative" if args.method == "ngram" else "speculative_draft"
+    write_json(out / f"{name}.json", report)
     print_table(report)
     if not args.no_plot:
-        plot(report, out / "speculative.png")
+        plot(report, out / f"{name}.png")
     return report
 
 

@@ -27,3 +27,34 @@ def test_verification_steps_replay_graphs_and_match_eager_steps(preset):
     for a, b in zip(got, want, strict=True):
         assert a.output_token_ids == b.output_token_ids
         assert torch.equal(a.logits, b.logits)
+
+
+@pytest.mark.parametrize("draft", ["tiny-llama", "mistral-like"])
+def test_a_draft_model_replays_its_decode_graphs_and_matches_eager_steps(draft):
+    """The draft's one-token forwards replay its own captured graphs; target and draft graphs
+    give the eager run's tokens and logits (bf16), and self-drafting is accepted."""
+    options = dict(speculative_method="draft", draft_model=draft, num_speculative_tokens=3)
+    params = SamplingParams(max_tokens=40, ignore_eos=True, return_logits=True)
+    eager = LLMEngine("tiny-llama", device="cuda", cuda_graphs=False, **options)
+    want = eager.generate(PROMPTS, params)
+    engine = LLMEngine("tiny-llama", device="cuda", **options)
+    got = engine.generate(PROMPTS, params)
+    drafter_graphs = engine.drafter.runner.graphs
+    assert drafter_graphs is not None and drafter_graphs.num_replays > 0
+    assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    for a, b in zip(got, want, strict=True):
+        assert a.output_token_ids == b.output_token_ids
+        assert torch.equal(a.logits, b.logits)
+    if draft == "tiny-llama":
+        assert engine.stats.spec_acceptance_rate > 0.8
+
+
+def test_a_draft_model_keeps_greedy_tokens_in_float32():
+    options = dict(device="cuda", dtype="float32")
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    plain = LLMEngine("tiny-llama", **options).generate(PROMPTS, params)
+    engine = LLMEngine("tiny-llama", speculative_method="draft", draft_model="gemma2-like",
+                       num_speculative_tokens=4, **options)  # fmt: skip
+    got = engine.generate(PROMPTS, params)
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in plain]
+    assert engine.stats.spec_drafted > 0 and engine.drafter.kv_cache_manager.usage == 0.0

@@ -101,3 +101,16 @@ def test_speculative_decoding_matches_transformers(checkpoint):
     outputs = engine.generate(batch, PARAMS)
     check_against_hf(hf, outputs, batch, prompt_logits=False)
     assert engine.stats.spec_drafted > 0
+
+
+def test_draft_model_speculation_matches_transformers(checkpoint):
+    """The checkpoint drafts for itself (the draft path on every family's layers): the same
+    greedy tokens and logits as transformers."""
+    hf, path = checkpoint
+    engine = LLMEngine(str(path), kv_cache_memory=MEMORY, max_num_batched_tokens=48,
+                       speculative_method="draft", draft_model=str(path),
+                       num_speculative_tokens=3)  # fmt: skip
+    batch = [prompts([9], seed=5)[0] * 4, prompts([30], seed=6)[0]]
+    outputs = engine.generate(batch, PARAMS)
+    check_against_hf(hf, outputs, batch, prompt_logits=False)
+    assert engine.stats.spec_acceptance_rate > 0.5

@@ -25,6 +25,7 @@ from tests.managers.helpers import walk_free_queue
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import PRESETS
 from unified_attn.request import RequestStatus
+from unified_attn.runner.draft_model import DraftModelProposer
 from unified_attn.runner.sampler import apply_penalties
 
 MAX_MODEL_LEN = 128
@@ -89,18 +90,24 @@ def streamed(deltas, n: int) -> list[Completion]:
     return parts
 
 
-# n-gram speculative decoding: drafts are verified, rolled back and aborted under preemption
-SPECULATIVE = dict(speculative_method="ngram", num_speculative_tokens=3)
+# speculative decoding: drafts are verified, rolled back and aborted under preemption; the
+# draft model has a sliding window (its rewinds must not need freed blocks)
+SPECULATIVE = {
+    "ngram": dict(speculative_method="ngram", num_speculative_tokens=3),
+    "draft": dict(speculative_method="draft", draft_model="mistral-like", num_speculative_tokens=3),
+}
 
 
 class Soak:
-    def __init__(self, preset: str, seed: int, speculative: bool = False) -> None:
+    def __init__(self, preset: str, seed: int, speculative: str | None = None) -> None:
         self.rng = random.Random(f"{preset}-{seed}")
         probe = LLMEngine(preset, seed=seed, **ENGINE)
         blocks = sum(probe.worker.blocks_per_request)
         # one worst-case request and a few spare blocks: requests must take turns
         memory = probe.worker.plan.bytes_per_block * (blocks + 4)
-        options = SPECULATIVE if speculative else {}
+        options = SPECULATIVE[speculative] if speculative else {}
+        if speculative == "draft":  # the draft's pool takes its share of the budget
+            memory += draft_share(probe, memory)
         self.engine = LLMEngine(preset, kv_cache_memory=memory, seed=seed, **ENGINE, **options)
         self.preset, self.seed, self.speculative = preset, seed, speculative
         self.vocab = min(self.engine.vocab_size, 256)
@@ -268,6 +275,12 @@ class Soak:
         assert set(self.outputs) == set(self.submitted), "a request ended without an output"
         assert engine.scheduler.num_preemptions > 0, "the pool never forced a preemption"
 
+    def check_draft_pool_is_empty(self) -> None:
+        drafter = self.engine.drafter
+        assert isinstance(drafter, DraftModelProposer)
+        assert drafter.num_shadows == 0 and drafter.kv_cache_manager.usage == 0.0
+        assert not drafter.runner.block_tables.rows
+
     def check_against_alone(self) -> None:
         # the same weights (the seed draws them), a pool of the default size, no prefix cache
         alone = LLMEngine(self.preset, enable_prefix_caching=False, seed=self.seed, **ENGINE)
@@ -363,6 +376,15 @@ def check_block_table(engine: LLMEngine, request_id: str, blocks) -> None:
                 assert row_ids[i] == block.block_id, f"{request_id}: group {gid} entry {i}"
 
 
+def draft_share(probe: LLMEngine, memory: int) -> int:
+    """Bytes to add to a target's `memory` so that it keeps them beside its draft model's pool
+    (the budget is split by bytes per token)."""
+    draft = LLMEngine(SPECULATIVE["draft"]["draft_model"], **ENGINE).worker.plan
+    target = probe.worker.plan
+    per_token = [plan.bytes_per_block / plan.block_size for plan in (draft, target)]
+    return int(memory * per_token[0] / per_token[1]) + target.bytes_per_block
+
+
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_soak(preset, soak_steps, soak_seeds):
     for seed in range(soak_seeds):
@@ -377,9 +399,22 @@ def test_soak_with_speculative_decoding(preset, soak_steps, soak_seeds):
     """Greedy requests equal the run alone without speculation; no block leaks after drafts
     are rolled back, preempted or aborted."""
     for seed in range(soak_seeds):
-        soak = Soak(preset, seed, speculative=True)
+        soak = Soak(preset, seed, speculative="ngram")
         soak.run(soak_steps)
         soak.check_end()
         stats = soak.engine.stats
         assert stats.spec_drafted > 0 and 0 < stats.spec_accepted <= stats.spec_drafted
+        soak.check_against_alone()
+
+
+@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p != "hybrid-linear"))
+def test_soak_with_a_draft_model(preset, soak_steps, soak_seeds):
+    """The same with a draft model: greedy requests equal the run alone, and the draft's pool,
+    shadows and block-table rows are empty at the end."""
+    for seed in range(soak_seeds):
+        soak = Soak(preset, seed, speculative="draft")
+        soak.run(soak_steps)
+        soak.check_end()
+        soak.check_draft_pool_is_empty()
+        assert soak.engine.stats.spec_drafted > 0
         soak.check_against_alone()

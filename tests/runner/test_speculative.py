@@ -123,7 +123,7 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(speculative_method="draft", num_speculative_tokens=3), "methods are ngram"),
+        (dict(speculative_method="eagle", num_speculative_tokens=3), "methods are ngram, draft"),
         (dict(speculative_method="ngram"), "needs num_speculative_tokens, a positive int"),
         (dict(num_speculative_tokens=3), "needs speculative_method"),
         (dict(model="hybrid-linear", **SPEC), "cannot roll back rejected drafts in state"),

@@ -16,6 +16,7 @@ from unified_attn.harness.conformance.prepare import (
     memory_size,
     positive_int,
 )
+from unified_attn.runner.draft_model import DraftModelProposer
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
 from unified_attn.runner.speculative import SPECULATIVE_METHODS
@@ -96,7 +97,14 @@ def add_parser(commands: Any) -> None:
         "--speculative-method",
         default=None,
         choices=SPECULATIVE_METHODS,
-        help="speculative decoding: ngram (prompt lookup) drafts verified in the decode step",
+        help="speculative decoding: drafts verified in the decode step, from ngram (prompt "
+        "lookup) or draft (a --draft-model)",
+    )
+    run.add_argument(
+        "--draft-model",
+        default=None,
+        help="the draft model of --speculative-method draft: a preset or checkpoint directory "
+        "sharing the model's tokenizer",
     )
     run.add_argument(
         "--num-speculative-tokens",
@@ -144,6 +152,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "speculative_method": args.speculative_method,
         "num_speculative_tokens": args.num_speculative_tokens,
+        "draft_model": args.draft_model,
     }
     on_cpu = args.device.partition(":")[0] == "cpu"
     kwargs["kv_cache_memory"] = args.kv_cache_memory or ("64MiB" if on_cpu else None)
@@ -297,6 +306,7 @@ def run_encode(
 def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: float) -> dict:
     stats = engine.stats
     prefix = engine.kv_cache_manager.prefix_cache_stats
+    draft = engine.drafter if isinstance(engine.drafter, DraftModelProposer) else None
     return {
         "model": args.model,
         "device": args.device,
@@ -319,8 +329,10 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
         if elapsed
         else 0.0,
         "mean_step_ms": stats.mean_step_ms,
+        "draft_kv_cache": None if draft is None else draft.worker.report().as_dict(),
         "speculative": {
             "method": args.speculative_method,
+            "draft_model": args.draft_model,
             "drafted": stats.spec_drafted,
             "accepted": stats.spec_accepted,
             "acceptance_rate": stats.spec_acceptance_rate,
@@ -373,6 +385,13 @@ def print_report(report: dict) -> None:
             f"{spec['accepted']:,} of {spec['drafted']:,} drafts accepted "
             f"({spec['acceptance_rate']:.0%}), {spec['mean_accepted_per_step']:.2f} per "
             "request-step",
+        ))  # fmt: skip
+    draft = report["draft_kv_cache"]
+    if draft is not None:
+        rows.append((
+            f"draft model {spec['draft_model']}",
+            f"KV cache {draft['num_blocks']:,} blocks x {draft['bytes_per_block']:,} B = "
+            f"{draft['total_bytes'] / 2**20:.1f} MiB, {draft['capacity_tokens']:,} tokens",
         ))  # fmt: skip
     for key, value in rows:
         summary.add_row(key, value)

@@ -28,9 +28,11 @@ class EngineConfig:
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
     # Speculative decoding: "ngram" (prompt lookup) proposes up to `num_speculative_tokens`
-    # drafts per decoding request from n-grams of `prompt_lookup_min..prompt_lookup_max` tokens.
+    # drafts per decoding request from n-grams of `prompt_lookup_min..prompt_lookup_max` tokens;
+    # "draft" takes them from `draft_model` (a preset or checkpoint sharing the tokenizer).
     speculative_method: str | None = None
     num_speculative_tokens: int | None = None
+    draft_model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
 

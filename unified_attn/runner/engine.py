@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from unified_attn.managers import KVCacheManager, StateManager
+from unified_attn.managers import KVCacheManager
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
@@ -37,7 +37,7 @@ from unified_attn.runner.sequences import (
     gather_logprobs,
     request_output,
 )
-from unified_attn.runner.speculative import make_drafter, propose_drafts
+from unified_attn.runner.speculative import build_drafter, propose_drafts
 from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
@@ -97,6 +97,8 @@ class LLMEngine(KVCacheAccess):
             kv_cache_memory=memory,
             gpu_memory_utilization=config.gpu_memory_utilization,
         )
+        # a draft model takes its share of the KV budget before the target sizes its cache
+        self.drafter = build_drafter(config, source, self.worker, self.device)
         num_blocks = agree_on_num_blocks([self.worker])
         self.worker.allocate(num_blocks)
         self.kv_cache_manager = KVCacheManager(
@@ -111,18 +113,6 @@ class LLMEngine(KVCacheAccess):
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             eos_token_ids=source.eos_token_ids,
-        )
-        self.drafter = make_drafter(
-            config.speculative_method,
-            config.num_speculative_tokens,
-            config.prompt_lookup_min,
-            config.prompt_lookup_max,
-            model_kind=source.kind,
-            state_groups=[
-                f"{gid} ({g.manager_cls.__name__})"
-                for gid, g in enumerate(self.worker.plan.groups)
-                if issubclass(g.manager_cls, StateManager)
-            ],
         )
         self.runner = ModelRunner(
             self.model,

@@ -1,4 +1,5 @@
-"""Speculative decoding: the n-gram (prompt lookup) drafter and the settings it runs with.
+"""Speculative decoding: the n-gram (prompt lookup) drafter, the choice of drafter (n-gram or a
+draft model, `draft_model.py`) and the settings they run with.
 
 A drafter proposes up to `num_speculative_tokens` tokens for a request in decode; the next step
 schedules them as extra query tokens after the request's last token (slots from
@@ -11,15 +12,21 @@ slots they were written to are overwritten later).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
+import torch
 
-from unified_attn.request import RequestStatus
+from unified_attn.managers import StateManager
+from unified_attn.request import Request, RequestStatus
+from unified_attn.runner.draft_model import DraftModelProposer, load_draft_model, split_kv_budget
+from unified_attn.runner.model_source import ModelSource
 from unified_attn.runner.scheduler import SchedulerOutput
+from unified_attn.runner.worker import Worker
 from unified_attn.utils import positive_int
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 @attrs.frozen
@@ -59,6 +66,11 @@ class NgramProposer:
             drafts = [int(tokens[-1])]
         return drafts + [drafts[-1]] * (limit - len(drafts))
 
+    def draft(self, requests: Sequence[tuple[Request, int]]) -> None:
+        """Set `spec_token_ids` of each `(request, limit)` (see `propose`)."""
+        for request, limit in requests:
+            request.spec_token_ids = self.propose(request.all_token_ids, limit)
+
     def _lookup(self, tokens: np.ndarray, limit: int) -> list[int]:
         """What followed the longest recurring suffix ([] if none recurs)."""
         longest = min(self.prompt_lookup_max, len(tokens) - 1)
@@ -67,6 +79,9 @@ class NgramProposer:
             if start is not None:
                 return tokens[start + n : start + n + limit].tolist()
         return []
+
+
+Drafter = NgramProposer | DraftModelProposer
 
 
 def _earlier_match(tokens: np.ndarray, n: int, follow: int) -> int | None:
@@ -80,28 +95,36 @@ def _earlier_match(tokens: np.ndarray, n: int, follow: int) -> int | None:
     return int(full[-1]) if len(full) else int(hits[-1])
 
 
-def make_drafter(
+def check_speculative_options(
     method: str | None,
     num_speculative_tokens: int | None,
-    prompt_lookup_min: int,
-    prompt_lookup_max: int,
+    draft_model: str | None,
     *,
     model_kind: str,
     state_groups: list[str],
-) -> NgramProposer | None:
-    """The drafter an engine's options ask for, or None; a `ValueError` naming the option for
-    settings or models it cannot serve."""
+) -> None:
+    """A `ValueError` naming the option for settings or models speculative decoding cannot
+    serve; nothing when the options ask for no speculation or for one it can run."""
+    methods = ", ".join(SPECULATIVE_METHODS)
     if method is None:
-        if num_speculative_tokens is not None:
+        if num_speculative_tokens is not None or draft_model is not None:
+            given = "draft_model" if draft_model is not None else "num_speculative_tokens"
             raise ValueError(
-                f"num_speculative_tokens={num_speculative_tokens} needs speculative_method; "
-                f"pass speculative_method='ngram' (methods: {', '.join(SPECULATIVE_METHODS)})"
+                f"{given} needs speculative_method; pass speculative_method='ngram' or 'draft' "
+                f"(methods: {methods})"
             )
-        return None
+        return
     if method not in SPECULATIVE_METHODS:
         raise ValueError(
-            f"speculative_method={method!r} is not supported; the methods are "
-            f"{', '.join(SPECULATIVE_METHODS)} (prompt lookup; a draft model is not supported)"
+            f"speculative_method={method!r} is not supported; the methods are {methods} "
+            "(prompt lookup, a draft model)"
+        )
+    if (method == "draft") != (draft_model is not None):
+        raise ValueError(
+            "speculative_method='draft' needs draft_model (a preset or checkpoint sharing the "
+            "target's tokenizer)"
+            if draft_model is None
+            else f"draft_model={draft_model!r} needs speculative_method='draft', got {method!r}"
         )
     if (
         isinstance(num_speculative_tokens, bool)
@@ -123,12 +146,52 @@ def make_drafter(
             f"groups {state_groups} keep one recurrent state per request): drop "
             "speculative_method for this model"
         )
-    return NgramProposer(num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)
 
 
-def propose_drafts(drafter: NgramProposer, output: SchedulerOutput, max_model_len: int) -> None:
+def build_drafter(
+    config: Any, source: ModelSource, worker: Worker, device: torch.device
+) -> Drafter | None:
+    """The drafter `config` (an `EngineConfig`) asks for, or None. A draft model gets its own
+    KV cache: `worker` (the target's, not sized yet) gives it its share of the budget, so call
+    this before sizing the target's cache."""
+    check_speculative_options(
+        config.speculative_method,
+        config.num_speculative_tokens,
+        config.draft_model,
+        model_kind=source.kind,
+        state_groups=[
+            f"{gid} ({g.manager_cls.__name__})"
+            for gid, g in enumerate(worker.plan.groups)
+            if issubclass(g.manager_cls, StateManager)
+        ],
+    )
+    k = config.num_speculative_tokens
+    if config.speculative_method is None:
+        return None
+    if config.speculative_method == "ngram":
+        return NgramProposer(k, config.prompt_lookup_min, config.prompt_lookup_max)
+    draft_source, draft_worker = load_draft_model(config, source, worker.max_model_len, device)
+    split_kv_budget(worker, draft_worker)
+    try:
+        draft_worker.allocate(draft_worker.determine_num_blocks())
+    except ValueError as error:
+        raise ValueError(f"draft_model={config.draft_model!r}: {error}") from None
+    return DraftModelProposer(
+        draft_source,
+        draft_worker,
+        name=config.draft_model,
+        num_speculative_tokens=k,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        seed=config.seed,
+        cuda_graphs=config.cuda_graphs,
+    )
+
+
+def propose_drafts(drafter: Drafter, output: SchedulerOutput, max_model_len: int) -> None:
     """After a step: draft tokens for the next step of every running request of `output` that
     decodes, within `max_model_len` and its `max_tokens` (the step adds one token more)."""
+    requests = []
     for entry in output.scheduled:
         request = entry.request
         if request.status != RequestStatus.RUNNING or not entry.will_sample:
@@ -137,4 +200,5 @@ def propose_drafts(drafter: NgramProposer, output: SchedulerOutput, max_model_le
         max_tokens = request.sampling_params.max_tokens
         if max_tokens is not None:
             room = min(room, max_tokens - request.num_output_tokens - 1)
-        request.spec_token_ids = drafter.propose(request.all_token_ids, room)
+        requests.append((request, room))
+    drafter.draft(requests)
