@@ -15,7 +15,10 @@ round. A round (after every target step) does:
    the last row's argmax is the first draft. Its slots, and the lookahead slots of the drafts to
    come, are reserved here.
 3. **Decode**: `k - 1` forwards of one token per shadow, each feeding the last draft and taking
-   the next one.
+   the next one. The forwards chain on the device (`ModelRunner.greedy_tokens`: the argmax
+   stays there and is the next forward's input), so the host lays out the next forward while
+   the GPU runs this one; the round's drafts reach the host in one transfer at its end. On
+   CUDA, forwards of 1 or 2 tokens per request replay the draft runner's captured graphs.
 
 Drafts are the draft model's argmax, a point-mass proposal: `Sampler.verify` accepts a draft
 with the target's probability of it and resamples from the rest on a rejection, so sampled
@@ -55,11 +58,13 @@ class _Shadow:
 
 @attrs.define
 class _Draft:
-    """One shadow's share of a round: how many drafts it may propose, and those it has."""
+    """One shadow's share of a round: how many drafts it may propose, and those it has (each
+    a row of a forward's device tensor until the round's one host transfer)."""
 
     shadow: _Shadow
     limit: int
-    tokens: list[int] = attrs.Factory(list)
+    start: int  # the shadow's length before its first draft (the target's length)
+    rows: list[tuple[torch.Tensor, int]] = attrs.Factory(list)
 
 
 def load_draft_model(
@@ -151,6 +156,9 @@ class DraftModelProposer:
             max_model_len=worker.max_model_len,
             seed=seed,
             cuda_graphs=cuda_graphs,
+            # graphs for 1 and 2 tokens per request: the catch-up after a rejection or a full
+            # acceptance, and the decode forwards
+            graph_query_lens=(1, 2),
         )
         self._shadows: dict[str, _Shadow] = {}
 
@@ -161,22 +169,23 @@ class DraftModelProposer:
     def draft(self, requests: Sequence[tuple[Request, int]]) -> None:
         """Set `spec_token_ids` of each `(request, limit)`: exactly `min(k, limit)` drafts (no
         more than the draft model's `max_model_len` allows), or none when the draft pool has
-        no room for them this step."""
+        no room for them this step. The round's forwards feed on each other's tokens on the
+        device; the drafts reach the host once, at the end."""
         self._forget_finished()
         drafts = []
         for request, limit in requests:
             request.spec_token_ids = []
             limit = min(self.num_speculative_tokens, limit, self.max_model_len - request.num_tokens)
             if limit > 0:
-                drafts.append(_Draft(self._sync(request), limit))
+                shadow = self._sync(request)
+                drafts.append(_Draft(shadow, limit, shadow.request.num_tokens))
         started = self._catch_up(drafts)
         for _ in range(1, self.num_speculative_tokens):
-            started = [d for d in started if len(d.tokens) < d.limit]
+            started = [d for d in started if len(d.rows) < d.limit]
             if not started:
                 break
             self._decode(started)
-        for d in drafts:
-            d.shadow.target.spec_token_ids = d.tokens
+        self._publish(drafts)
 
     # ---- shadows -------------------------------------------------------------------------------
 
@@ -250,7 +259,8 @@ class DraftModelProposer:
         """Feed every shadow's last draft (its slot was reserved by `_catch_up`) and take the
         next one."""
         none: tuple[list[int], ...] = tuple([] for _ in self.runner.block_sizes)
-        self._run([(d, self._entry(d.shadow, 1, none, will_sample=True)) for d in drafts])
+        batch = [(d, self._entry(d.shadow, 1, none, will_sample=True)) for d in drafts]
+        self._run(batch, _last_tokens(drafts))
 
     def _entry(
         self, shadow: _Shadow, num_new: int, block_ids: tuple[list[int], ...], *, will_sample: bool
@@ -265,16 +275,55 @@ class DraftModelProposer:
         request.num_computed_tokens += num_new
         return entry
 
-    def _run(self, batch: list[tuple[_Draft, ScheduledRequest]]) -> None:
-        """One draft forward; sampled rows become drafts (and the shadows' next tokens)."""
+    def _run(
+        self, batch: list[tuple[_Draft, ScheduledRequest]], input_ids: torch.Tensor | None = None
+    ) -> None:
+        """One draft forward; each sampling row's argmax becomes a draft, kept on the device
+        (the shadow holds a placeholder token until `_publish`)."""
         if not batch:
             return
-        result = self.runner.execute(SchedulerOutput([e for _, e in batch], [], []))
+        output = SchedulerOutput([e for _, e in batch], [], [])
+        tokens = self.runner.greedy_tokens(output, input_ids)
+        row = 0
         for d, entry in batch:
             if entry.will_sample:
-                token = result.sampled[entry.request.request_id][0]
-                d.tokens.append(token)
-                entry.request.append_output_token_ids(token)
+                assert tokens is not None
+                d.rows.append((tokens, row))
+                entry.request.append_output_token_ids(_PLACEHOLDER)
+                row += 1
+
+    def _publish(self, drafts: list[_Draft]) -> None:
+        """Bring the round's drafts to the host in one transfer; they become the requests'
+        `spec_token_ids` and replace the shadows' placeholders."""
+        tensors: dict[int, tuple[int, torch.Tensor]] = {}
+        for d in drafts:
+            for tensor, _ in d.rows:
+                if id(tensor) not in tensors:
+                    offset = sum(len(t) for _, t in tensors.values())
+                    tensors[id(tensor)] = (offset, tensor)
+        if not tensors:
+            return
+        host = torch.cat([t for _, t in tensors.values()]).tolist()
+        for d in drafts:
+            tokens = [host[tensors[id(tensor)][0] + row] for tensor, row in d.rows]
+            d.shadow.target.spec_token_ids = tokens
+            request = d.shadow.request
+            _truncate(request, d.start)
+            request.append_output_token_ids(tokens)
+
+
+_PLACEHOLDER = 0  # a draft's token in its shadow until the round's drafts reach the host
+
+
+def _last_tokens(drafts: list[_Draft]) -> torch.Tensor:
+    """The device tensor of every draft's latest token, in order: the previous forward's
+    output itself when it lines up (the usual case), else gathered."""
+    tensor, _ = drafts[0].rows[-1]
+    if len(tensor) == len(drafts) and all(
+        d.rows[-1][0] is tensor and d.rows[-1][1] == i for i, d in enumerate(drafts)
+    ):
+        return tensor
+    return torch.stack([t[row] for t, row in (d.rows[-1] for d in drafts)])
 
 
 def _truncate(request: Request, num_tokens: int) -> None:

@@ -123,9 +123,9 @@ class LLMEngine(KVCacheAccess):
             seed=config.seed,
             cuda_graphs=config.cuda_graphs,
             eos_token_ids=source.eos_token_ids,
-            num_speculative_tokens=0
+            graph_query_lens=(1,)
             if self.drafter is None
-            else self.drafter.num_speculative_tokens,
+            else (1, 1 + self.drafter.num_speculative_tokens),
         )
         self.stats = EngineStats()
         self._next_id = 0

@@ -150,7 +150,7 @@ class ModelRunner:
         seed: int = 0,
         cuda_graphs: bool = False,
         eos_token_ids: tuple[int, ...] = (),
-        num_speculative_tokens: int = 0,
+        graph_query_lens: tuple[int, ...] = (1,),
     ) -> None:
         self.model = model
         self.device = torch.device(device)
@@ -178,8 +178,8 @@ class ModelRunner:
                 max_num_seqs=max_num_seqs,
                 max_model_len=max_model_len,
                 device=self.device,
-                # decode steps verifying k drafts per request are captured too
-                query_lens=(1, 1 + num_speculative_tokens),
+                # tokens per request of the captured steps: 1, and 1 + k to verify k drafts
+                query_lens=graph_query_lens,
             )
             self.graphs.capture()
 
@@ -195,27 +195,50 @@ class ModelRunner:
         if not output.scheduled:
             return result
         inputs = self.prepare_inputs(output)
+        logits = self._logits(output, inputs, result)
+        if logits is not None:
+            self._sample(output, logits, result)
+        return result
+
+    def greedy_tokens(
+        self, output: SchedulerOutput, input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """A draft model's forward: the argmax token of every sampled row, left on the device
+        (no host sync; None when no request samples), with the step's token ids replaced by
+        `input_ids` (device) if given, so a forward can feed on the previous one's tokens
+        before they reach the host."""
+        inputs = self.prepare_inputs(output)
+        if input_ids is not None:
+            inputs = attrs.evolve(inputs, input_ids=input_ids)
+        logits = self._logits(output, inputs, StepResult())
+        return None if logits is None else logits.argmax(dim=-1)
+
+    def _logits(
+        self, output: SchedulerOutput, inputs: StepInputs, result: StepResult
+    ) -> torch.Tensor | None:
+        """The forward: logits of the sampled rows (None if none samples), on a captured graph
+        when the step fits one; prompt logits go to `result`."""
         common = inputs.common
         if self._use_graphs(output):
             assert self.graphs is not None
             logits = self.graphs.run(inputs.input_ids, common, inputs.block_tables)
-        else:
-            with torch.inference_mode():
-                encoder_hidden = self._run_encoder(inputs.encoder)
-            for backend, gids in self.backend_groups:
-                backend.prep_forward(common, {gid: inputs.block_tables[gid] for gid in gids})
-            with torch.inference_mode():
-                if self.cross_gids:
-                    hidden = self.model(inputs.input_ids, common.positions, encoder_hidden)
-                else:
-                    hidden = self.model(inputs.input_ids, common.positions)
-                if inputs.sample_rows:
-                    rows = torch.tensor(inputs.sample_rows, device=self.device)
-                    logits = self.model.compute_logits(hidden[rows])
-                self._collect_prompt_logits(output, common, hidden, result)
-        if inputs.sample_rows:
-            self._sample(output, logits, result)
-        return result
+            if len(inputs.sample_rows) != len(logits):  # q tokens per request, the last sampled
+                logits = logits[inputs.sample_rows]
+            return logits
+        with torch.inference_mode():
+            encoder_hidden = self._run_encoder(inputs.encoder)
+        for backend, gids in self.backend_groups:
+            backend.prep_forward(common, {gid: inputs.block_tables[gid] for gid in gids})
+        with torch.inference_mode():
+            if self.cross_gids:
+                hidden = self.model(inputs.input_ids, common.positions, encoder_hidden)
+            else:
+                hidden = self.model(inputs.input_ids, common.positions)
+            self._collect_prompt_logits(output, common, hidden, result)
+            if not inputs.sample_rows:
+                return None
+            rows = torch.tensor(inputs.sample_rows, device=self.device)
+            return self.model.compute_logits(hidden[rows])
 
     def _sample(self, output: SchedulerOutput, logits: torch.Tensor, result: StepResult) -> None:
         """Sample the requests that reached their end: in one batch, except those verifying
@@ -279,13 +302,13 @@ class ModelRunner:
 
     def _use_graphs(self, output: SchedulerOutput) -> bool:
         """Decode steps that fit a captured size: every request samples (no prompt logits) and
-        computes the same captured number of tokens (1, or 1 + k with k drafts each)."""
+        computes the same captured number of tokens (1, or 1 + k with k drafts each; a draft
+        model's catch-up: 2, its last token and the target's bonus token)."""
         if self.graphs is None or self.graphs.bucket(len(output.scheduled)) is None:
             return False
         q = output.scheduled[0].num_new_tokens
         return q in self.graphs.query_lens and all(
             s.num_new_tokens == q
-            and len(s.spec_token_ids) == q - 1
             and s.will_sample
             and not s.request.sampling_params.prompt_logits
             for s in output.scheduled
