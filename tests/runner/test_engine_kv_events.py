@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from tests.managers.test_kv_events import cached_set, check_chain, replay
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.managers.events import BlockRemoved, BlockStored, KVCacheEvent
@@ -53,3 +55,11 @@ def test_imports_are_published_at_once():
     assert [e.block_hashes[0] for e in batch] == b.prompt_block_hashes(prompt)
     for event in batch:
         check_chain(event, b.kv_cache_manager.hash_block_size)
+
+
+def test_the_engine_takes_the_eviction_switch():
+    engine = LLMEngine("tiny-hybrid", kv_cache_eviction="window_aware")
+    assert engine.kv_cache_manager.block_pool.eviction == "window_aware"
+    assert LLMEngine("tiny-hybrid").kv_cache_manager.block_pool.eviction == "lru"
+    with pytest.raises(ValueError, match="kv_cache_eviction='fifo' is not a policy; pick one of"):
+        LLMEngine("tiny-hybrid", kv_cache_eviction="fifo")

@@ -16,6 +16,7 @@ from unified_attn.harness.conformance.prepare import (
     memory_size,
     positive_int,
 )
+from unified_attn.runner.config import EVICTION_POLICIES
 from unified_attn.runner.draft_model import DraftModelProposer
 from unified_attn.runner.engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
@@ -113,6 +114,13 @@ def add_parser(commands: Any) -> None:
         help="draft tokens per request and step (with --speculative-method)",
     )
     run.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    run.add_argument(
+        "--kv-cache-eviction",
+        default="lru",
+        choices=EVICTION_POLICIES,
+        help="which cached block a new block evicts: lru (vLLM's order) or window_aware (blocks "
+        "no prefix hit can use first)",
+    )
     run.add_argument("--batch-invariant", action="store_true", help="only batch-invariant backends")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
     run.set_defaults(handler=main)
@@ -148,6 +156,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_model_len": args.max_model_len,
         "enable_prefix_caching": not args.no_prefix_caching,
+        "kv_cache_eviction": args.kv_cache_eviction,
         "batch_invariant": args.batch_invariant,
         "seed": args.seed,
         "speculative_method": args.speculative_method,

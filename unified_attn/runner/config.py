@@ -8,6 +8,8 @@ from typing import Any
 
 import attrs
 
+from unified_attn.managers.eviction import EVICTION_POLICIES
+
 
 @attrs.frozen
 class EngineConfig:
@@ -24,6 +26,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
+    # which cached block a new block evicts: "lru" (vLLM's order) or "window_aware" (blocks no
+    # prefix hit can use first; docs/kv-cache.md)
+    kv_cache_eviction: str = attrs.field(default="lru")
     batch_invariant: bool = False
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
@@ -35,6 +40,14 @@ class EngineConfig:
     draft_model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+
+    @kv_cache_eviction.validator
+    def _check_eviction(self, _attribute: Any, value: str) -> None:
+        if value not in EVICTION_POLICIES:
+            raise ValueError(
+                f"kv_cache_eviction={value!r} is not a policy; pick one of "
+                f"{', '.join(EVICTION_POLICIES)} ('lru' is vLLM's order)"
+            )
 
 
 # vLLM options people pass out of habit, with what to do here instead.

@@ -14,6 +14,7 @@ import attrs
 
 from unified_attn.managers import KVCacheManager
 from unified_attn.managers.events import KVCacheEvent
+from unified_attn.managers.eviction import check_eviction
 from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
 from unified_attn.runner.detokenizer import IncrementalText
@@ -106,6 +107,7 @@ class LLMEngine(KVCacheAccess):
             self.max_model_len,
             max_in_flight_tokens=max_in_flight,
             enable_caching=config.enable_prefix_caching,
+            eviction=check_eviction(config.kv_cache_eviction),
         )
         self.scheduler = Scheduler(
             self.kv_cache_manager,
