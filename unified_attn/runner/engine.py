@@ -4,10 +4,9 @@ and a step-by-step serving loop, with vLLM-shaped outputs (`RequestOutput`, `Com
 
 from __future__ import annotations
 
-import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -29,7 +28,13 @@ from unified_attn.runner.outputs import (
     SampleLogprobs,
     StreamDelta,
 )
-from unified_attn.runner.prompts import PromptReader, ReadPrompt
+from unified_attn.runner.prompts import (
+    PromptReader,
+    ReadPrompt,
+    RequestIds,
+    as_list,
+    pack_prompts,
+)
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.sequences import (
     FINISH_REASONS,
@@ -53,8 +58,6 @@ class _Prompt:
     read: ReadPrompt
     params: SamplingParams
 
-
-_AUTO_ID = re.compile(r"req-(\d+)")
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
 
@@ -130,8 +133,7 @@ class LLMEngine(KVCacheAccess):
             else (1, 1 + self.drafter.num_speculative_tokens),
         )
         self.stats = EngineStats()
-        self._next_id = 0
-        self._caller_numbers: set[int] = set()  # N of caller ids `req-N` the counter must skip
+        self._ids = RequestIds()
         self._parents: dict[str, ParentRequest] = {}  # unfinished requests, by the id callers know
         self._sequences: dict[str, SequenceState] = {}  # their scheduler requests, by request id
         # Finished requests' outputs not handed out yet: `step` returns them, `generate` takes
@@ -175,13 +177,13 @@ class LLMEngine(KVCacheAccess):
                 f"encode: {self.config.model!r} is a {self.kind.replace('_', '-')} model; encode() "
                 "serves encoder-only models (BERT), use generate() for this one"
             )
-        batch = _as_list("encode", prompts)
+        batch = as_list("encode", prompts)
         read = [
             self.prompts.read(f"encode: prompt {i}", p, generating=False)
             for i, p in enumerate(batch)
         ]
         outputs: list[EncodeOutput] = []
-        for chunk in _pack([r.token_ids for r in read], self.config.max_num_batched_tokens,
+        for chunk in pack_prompts([r.token_ids for r in read], self.config.max_num_batched_tokens,
                            self.config.max_num_seqs):  # fmt: skip
             hidden = self.runner.encode([read[i].token_ids for i in chunk])
             for i, states in zip(chunk, hidden, strict=True):
@@ -281,11 +283,11 @@ class LLMEngine(KVCacheAccess):
     ) -> str:
         """Queue a validated prompt as `n` scheduler requests; `queue` streams it."""
         if request_id is None:
-            request_id = self._new_request_id()
+            request_id = self._ids.new()
         n = prompt.params.n
         child_ids = [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
         self._check_ids(request_id, child_ids)
-        self._reserve_caller_id(request_id)
+        self._ids.reserve(request_id)
         read = prompt.read
         parent = ParentRequest(
             request_id, read.text, read.token_ids, read.encoder_text, read.encoder_token_ids
@@ -335,20 +337,6 @@ class LLMEngine(KVCacheAccess):
             logprobs=[] if wants_logprobs else None,
             cumulative_logprob=0.0 if wants_logprobs else None,
         )
-
-    def _new_request_id(self) -> str:
-        """`req-N` with a counter that skips every N a caller chose as `req-N` itself, so an
-        automatic id never equals an id a caller chose, now or earlier."""
-        while self._next_id in self._caller_numbers:
-            self._caller_numbers.discard(self._next_id)
-            self._next_id += 1
-        self._next_id += 1
-        return f"req-{self._next_id - 1}"
-
-    def _reserve_caller_id(self, request_id: str) -> None:
-        match = _AUTO_ID.fullmatch(request_id)
-        if match and int(match.group(1)) >= self._next_id:
-            self._caller_numbers.add(int(match.group(1)))
 
     # ---- running -------------------------------------------------------------------------------
 
@@ -426,7 +414,7 @@ class LLMEngine(KVCacheAccess):
 
     def _batch(self, what: str, prompts: Any, params: Any) -> list[_Prompt]:
         """Every prompt read and validated, with its parameters, before any is queued."""
-        batch = _as_list(what, prompts)
+        batch = as_list(what, prompts)
         if params is None or isinstance(params, SamplingParams):
             all_params = [params] * len(batch)
         elif isinstance(params, Sequence):
@@ -585,38 +573,3 @@ def _child_params(params: SamplingParams, index: int) -> SamplingParams:
         return params
     seed = None if params.seed is None else params.seed + index
     return attrs.evolve(params, n=1, seed=seed)
-
-
-def _as_list(what: str, prompts: Any) -> list[Any]:
-    """One prompt or a list of them, as a list."""
-    if _is_single_prompt(prompts):
-        return [prompts]
-    if isinstance(prompts, Iterable) and not isinstance(prompts, bytes):
-        return list(prompts)
-    raise ValueError(
-        f"{what}: prompts must be a prompt or a list of prompts, got {type(prompts).__name__}"
-    )
-
-
-def _pack(prompts: list[list[int]], max_tokens: int, max_seqs: int) -> Iterator[list[int]]:
-    """Indices of consecutive prompts whose tokens fit `max_tokens` (at most `max_seqs` of
-    them); a prompt longer than `max_tokens` goes alone."""
-    chunk: list[int] = []
-    used = 0
-    for i, ids in enumerate(prompts):
-        if chunk and (used + len(ids) > max_tokens or len(chunk) == max_seqs):
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(i)
-        used += len(ids)
-    if chunk:
-        yield chunk
-
-
-def _is_single_prompt(prompts: Any) -> bool:
-    return isinstance(prompts, (str, Mapping)) or (
-        isinstance(prompts, Sequence)
-        and bool(prompts)
-        and isinstance(prompts[0], int)
-        and not isinstance(prompts[0], bool)
-    )

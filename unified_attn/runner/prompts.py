@@ -4,7 +4,8 @@ encoder-decoder models; every check that needs the model (vocabulary, lengths, t
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -154,3 +155,62 @@ class PromptReader:
                 f"{what}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
                 + where
             )
+
+
+def as_list(what: str, prompts: Any) -> list[Any]:
+    """One prompt or a list of them, as a list."""
+    if is_single_prompt(prompts):
+        return [prompts]
+    if isinstance(prompts, Iterable) and not isinstance(prompts, bytes):
+        return list(prompts)
+    raise ValueError(
+        f"{what}: prompts must be a prompt or a list of prompts, got {type(prompts).__name__}"
+    )
+
+
+def pack_prompts(prompts: list[list[int]], max_tokens: int, max_seqs: int) -> Iterator[list[int]]:
+    """Indices of consecutive prompts whose tokens fit `max_tokens` (at most `max_seqs` of
+    them); a prompt longer than `max_tokens` goes alone."""
+    chunk: list[int] = []
+    used = 0
+    for i, ids in enumerate(prompts):
+        if chunk and (used + len(ids) > max_tokens or len(chunk) == max_seqs):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(i)
+        used += len(ids)
+    if chunk:
+        yield chunk
+
+
+def is_single_prompt(prompts: Any) -> bool:
+    return isinstance(prompts, (str, Mapping)) or (
+        isinstance(prompts, Sequence)
+        and bool(prompts)
+        and isinstance(prompts[0], int)
+        and not isinstance(prompts[0], bool)
+    )
+
+
+class RequestIds:
+    """Automatic request ids `req-N`: a counter that skips every N a caller chose as `req-N`
+    itself, so an automatic id never equals an id a caller chose, now or earlier."""
+
+    _AUTO = re.compile(r"req-(\d+)")
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._taken: set[int] = set()  # N of caller ids `req-N` the counter must skip
+
+    def new(self) -> str:
+        while self._next in self._taken:
+            self._taken.discard(self._next)
+            self._next += 1
+        self._next += 1
+        return f"req-{self._next - 1}"
+
+    def reserve(self, request_id: str) -> None:
+        """Note a caller's id (the counter skips it if it is an automatic-looking one ahead)."""
+        match = self._AUTO.fullmatch(request_id)
+        if match and int(match.group(1)) >= self._next:
+            self._taken.add(int(match.group(1)))
