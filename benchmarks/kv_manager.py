@@ -1,6 +1,7 @@
 """KV-cache manager micro-benchmarks (CPU, pure Python).
 
     python benchmarks/kv_manager.py [--quick] [--out benchmarks/results] [--profile] [--no-plot]
+    python benchmarks/kv_manager.py --lookup [--quick]    # get_computed_blocks only
 
 The benchmark lives in the `kv_bench` package next to this script; its docstring describes the
 workloads, configurations and outputs.

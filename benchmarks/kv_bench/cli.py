@@ -1,12 +1,13 @@
 """The command line: arguments, the run's header (command, machine, parameters, targets), the
 sections in order, the decode profile when asked for or when the hybrid decode misses its target,
-then the report, the PNG and the JSON."""
+then the report, the PNG and the JSON. `--lookup` runs the lookup section alone instead."""
 
 from __future__ import annotations
 
 import argparse
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from common import (
@@ -17,6 +18,7 @@ from common import (
     utc_timestamp,
     write_json,
 )
+from rich.console import Console
 
 from unified_attn.harness.bench import machine_info
 
@@ -37,9 +39,10 @@ from .config import (
 )
 from .decode import bench_decode
 from .decode_profile import profile_decode
+from .lookup import LOOKUP_CONFIGS, LOOKUP_PARAMS, LOOKUP_PROMPT_LENS, bench_lookup
 from .plot import plot
 from .prefill import bench_prefill
-from .report import print_report
+from .report import lookup_table, print_report
 from .verdicts import verdicts
 
 
@@ -55,6 +58,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="always cProfile the hybrid decode (by default only when it misses the target)",
     )
     ap.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    ap.add_argument(
+        "--lookup",
+        action="store_true",
+        help="only the prefix-cache lookup benchmark (get_computed_blocks; writes kv_lookup.json)",
+    )
     return ap.parse_args(argv)
 
 
@@ -89,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     console = make_console(150)
     out_dir = output_dir(args)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.lookup:
+        return main_lookup(args, argv, console, out_dir)
     results: dict[str, Any] = header(args, params, argv)
     t_start = time.perf_counter()
     with console.status("prefill/admission…"):
@@ -117,4 +127,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         results["png"] = str(png_path)
     write_json(json_path, results)
     console.print(f"Wrote {json_path}" + (f" and {png_path}" if results["png"] else ""))
+    return results
+
+
+def main_lookup(
+    args: argparse.Namespace, argv: Sequence[str] | None, console: Console, out_dir: Path
+) -> dict[str, Any]:
+    """`--lookup`: the `get_computed_blocks` benchmark alone, to `<out>/kv_lookup.json`."""
+    params = LOOKUP_PARAMS["quick" if args.quick else "full"]
+    results: dict[str, Any] = header(args, params, argv)
+    results["schema"] = "unified_attn.benchmarks.kv_lookup/v1"
+    del results["targets"]  # the decode and pool targets: not measured here
+    del results["params"]["sliding_window"]  # each configuration names its own
+    results["params"].update(configs=list(LOOKUP_CONFIGS), prompt_lens=list(LOOKUP_PROMPT_LENS))
+    t_start = time.perf_counter()
+    with console.status("prefix-cache lookups…"):
+        results["lookup"] = bench_lookup(params)
+    results["elapsed_s"] = time.perf_counter() - t_start
+    console.print(lookup_table(results["lookup"]))
+    json_path = out_dir / "kv_lookup.json"
+    write_json(json_path, results)
+    console.print(f"Wrote {json_path}")
     return results

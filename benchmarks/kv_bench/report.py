@@ -24,6 +24,9 @@ CHURN_COLUMNS = (
     "config", "pool", "allocate_slots/s", "admissions/s", "alloc µs p50", "blocks popped",
     "evictions", "evicted frac",
 )  # fmt: skip
+LOOKUP_COLUMNS = (
+    "config", "prompt", "case", "hit", "mean µs", "median µs", "min µs", "÷ full", "per group",
+)  # fmt: skip
 POOL_COLUMNS = (
     "N", "get (unhashed)", "free (unhashed)", "get (evicting)", "free (hashed)", "touch middle",
     "free after touch",
@@ -145,5 +148,28 @@ def profile_table(prof: dict[str, Any], key: str, label: str) -> Table:
             str(row["ncalls"]),
             f"{row['cum_us_per_step']:.0f}",
             f"{row['tot_us_per_step']:.0f}",
+        )
+    return t
+
+
+def lookup_table(lookup: dict[str, Any]) -> Table:
+    t = table(
+        f"get_computed_blocks, µs per call ({lookup['rounds']:,} interleaved rounds; "
+        "÷ full: median over full attention's at the same prompt and case)",
+        LOOKUP_COLUMNS,
+    )
+    ratios = {(r["config"], r["prompt_len"], r["case"]): r for r in lookup["ratios"]}
+    for r in lookup["rows"]:
+        ratio = ratios.get((r["config"], r["prompt_len"], r["case"]))
+        t.add_row(
+            r["config"],
+            f"{r['prompt_len']:,}",
+            r["case"],
+            f"{r['hit_tokens']:,}",
+            f"{r['mean_us']:.1f}",
+            f"{r['median_us']:.1f}",
+            f"{r['min_us']:.1f}",
+            f"{ratio['hybrid_over_full']:.2f}" if ratio else "",
+            f"{ratio['per_group']:.2f}" if ratio else "",
         )
     return t

@@ -69,3 +69,19 @@ def test_plot_is_skipped_without_matplotlib(bench, tmp_path, monkeypatch):
     assert bench.plot({}, png, Console(file=text)) is False
     assert not png.exists()
     assert "matplotlib is not installed" in text.getvalue()
+
+
+def test_lookup_mode_writes_every_config_and_case(bench, tmp_path):
+    """`--lookup --quick`: one row per (config, prompt length, case) with its hit; a hybrid's
+    plain prefix hits as much as full attention alone (the timings are not checked)."""
+    bench.main(["--lookup", "--quick", "--no-plot", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "kv_lookup.json").read_text())
+    rows = {(r["config"], r["prompt_len"], r["case"]): r for r in data["lookup"]["rows"]}
+    configs = set(data["params"]["configs"])
+    assert {"full", "full_swa128", "full_swa1024"} <= configs
+    for (_config, length, case), row in rows.items():
+        assert row["min_us"] <= row["median_us"] and row["min_us"] > 0
+        if case == "miss":
+            assert row["hit_tokens"] == 0
+        if case == "prefix":
+            assert row["hit_tokens"] == rows["full", length, "prefix"]["hit_tokens"] > 0

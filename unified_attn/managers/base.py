@@ -125,12 +125,14 @@ class SingleTypeKVCacheManager(ABC):
         """The longest prefix hit of at most `max_length` tokens, a multiple of `alignment`.
 
         `block_hashes` are at this manager's block size. Returns the hit blocks (null blocks at
-        positions the policy does not need) and the hit length in tokens.
+        positions the policy does not need) and the hit length in tokens. Whether a length is
+        a valid hit must not depend on `max_length`: asked again with the returned length, the
+        search returns that length and the same blocks (the hybrid coordinator relies on it).
         """
 
     # ---- allocation ----------------------------------------------------------------------------
 
-    def block_hashes(self, request: Request) -> list[bytes]:
+    def block_hashes(self, request: Request) -> Sequence[bytes]:
         return hashes_at_block_size(request.block_hashes, self.hash_block_size, self.block_size)
 
     def get_num_blocks_to_allocate(

@@ -17,6 +17,8 @@ else the head (LRU). The default `"lru"` is vLLM's order exactly.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import add
 
 import attrs
 
@@ -115,6 +117,17 @@ class BlockPool:
                 return None
             found.append(block)
         return found
+
+    def get_cached_prefix(self, block_hashes: Iterable[bytes], group_id: int) -> list[KVCacheBlock]:
+        """The group's cached block for each hash in order (the block `get_cached_block` would
+        return), up to the first hash with none: the prefix-hit scan, one C loop."""
+        keys = map(add, block_hashes, repeat(group_id.to_bytes(4, "big")))  # `with_group_id`
+        return self.cached_block_hash_to_block.first_blocks(keys)
+
+    def count_uncached_prefix(self, block_hashes: Iterable[bytes], group_id: int) -> int:
+        """How many hashes, from the first, have no cached block of the group (one C loop)."""
+        keys = map(add, block_hashes, repeat(group_id.to_bytes(4, "big")))
+        return self.cached_block_hash_to_block.num_leading_misses(keys)
 
     def cache_full_blocks(
         self,

@@ -60,8 +60,12 @@ class KVCacheCoordinator:
     ) -> tuple[GroupBlocks, int]:
         return tuple([] for _ in self.managers), 0
 
-    def _hashes_for(self, manager: SingleTypeKVCacheManager, hashes: Sequence[bytes]):
-        return hashes_at_block_size(list(hashes), self.hash_block_size, manager.block_size)
+    def _hashes_for(
+        self, manager: SingleTypeKVCacheManager, hashes: Sequence[bytes]
+    ) -> Sequence[bytes]:
+        if manager.block_size == self.hash_block_size:
+            return hashes  # the common case, without a call
+        return hashes_at_block_size(hashes, self.hash_block_size, manager.block_size)
 
     # ---- fan-out -------------------------------------------------------------------------------
 
@@ -159,29 +163,59 @@ class HybridCoordinator(KVCacheCoordinator):
             (g for g, m in enumerate(self.managers) if m.takes_prefix_hits),
             key=lambda g: not self.managers[g].hit_is_downward_closed,
         )
+        # Downward-closed groups are searched once and trimmed; the others may search again.
+        self._trimmed = frozenset(
+            g for g in self.hit_order if self.managers[g].hit_is_downward_closed
+        )
+        self._rechecked = [g for g in self.hit_order if g not in self._trimmed]
+        self._no_search = [g for g in range(len(self.managers)) if g not in self.hit_order]
+        self._no_hit: GroupBlocks = tuple([] for _ in self.managers)  # never mutated
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[GroupBlocks, int]:
-        hashes = [self._hashes_for(m, block_hashes) for m in self.managers]
+        """Every group in `hit_order` searches at the current hit, which only shrinks, until
+        each one has confirmed it.
+
+        A search returns the longest valid hit up to the length it is given, so a group
+        confirms the length its search returned (asked again it would return the same);
+        downward-closed groups confirm every length up to theirs (their blocks are trimmed).
+        In the common case (no group cuts below a later group's hit) that is one search per
+        group, and a hit that reaches 0 ends the search at once.
+        """
         if not self.hit_order:
-            return tuple([] for _ in self.managers), 0
+            return self._no_hit, 0
         hit = max_length // self.alignment * self.alignment
         results: list[list[KVCacheBlock] | None] = [None] * len(self.managers)
-        while True:
-            before = hit
+        confirmed: list[int | None] = [None] * len(self.managers)  # each group's last result
+        while hit > 0:
             for gid in self.hit_order:
-                manager = self.managers[gid]
-                if manager.hit_is_downward_closed and results[gid] is not None:
+                done = confirmed[gid]
+                if done == hit or (done is not None and gid in self._trimmed):
                     continue
-                blocks, hit = manager.find_longest_cache_hit(hashes[gid], hit, self.alignment)
-                results[gid] = blocks
-            if hit == before:
-                break
-        return tuple(
-            (blocks or [])[: hit // m.block_size]
-            for m, blocks in zip(self.managers, results, strict=True)
-        ), hit
+                manager = self.managers[gid]
+                hashes = self._hashes_for(manager, block_hashes)
+                results[gid], hit = manager.find_longest_cache_hit(hashes, hit, self.alignment)
+                confirmed[gid] = hit
+                if hit <= 0:
+                    return self._no_hit, 0
+            if all([confirmed[gid] == hit for gid in self._rechecked]):
+                return self._hit_blocks(results, hit), hit
+        return self._no_hit, 0
+
+    def _hit_blocks(self, results: list[list[KVCacheBlock] | None], hit: int) -> GroupBlocks:
+        """Each group's blocks of a `hit`-token hit, from the groups' last search results.
+
+        Downward-closed groups are trimmed to the hit; the others confirmed exactly this hit,
+        so their blocks already cover it. Groups that take no hits get an empty list.
+        """
+        for gid in self._no_search:
+            results[gid] = []
+        for gid in self._trimmed:
+            blocks, block_size = results[gid], self.managers[gid].block_size
+            if blocks is not None and len(blocks) * block_size > hit:
+                results[gid] = blocks[: hit // block_size]
+        return tuple(results)  # type: ignore[arg-type]  # every entry is a list now
 
 
 def make_coordinator(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import islice
 
 import attrs
 
@@ -30,12 +31,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         self, block_hashes: Sequence[bytes], max_length: int, alignment: int
     ) -> tuple[list[KVCacheBlock], int]:
         # Hashes are chained: the first miss ends the hit, so scan left to right.
-        hits: list[KVCacheBlock] = []
-        group = (self.group_id,)
-        for block_hash in block_hashes[: max_length // self.block_size]:
-            cached = self.block_pool.get_cached_block(block_hash, group)
-            if cached is None:
-                break
-            hits.append(cached[0])
+        num_blocks = max(max_length // self.block_size, 0)
+        hits = self.block_pool.get_cached_prefix(islice(block_hashes, num_blocks), self.group_id)
         hit_length = len(hits) * self.block_size // alignment * alignment
-        return hits[: hit_length // self.block_size], hit_length
+        del hits[hit_length // self.block_size :]
+        return hits, hit_length

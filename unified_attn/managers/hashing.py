@@ -91,10 +91,13 @@ def split_group_id(key: bytes) -> tuple[bytes, int]:
     return key[:-4], int.from_bytes(key[-4:], "big")
 
 
-def hashes_at_block_size(hashes: list[bytes], hash_block_size: int, block_size: int) -> list[bytes]:
+def hashes_at_block_size(
+    hashes: Sequence[bytes], hash_block_size: int, block_size: int
+) -> Sequence[bytes]:
     """Hashes of `block_size`-token blocks from hashes of `hash_block_size`-token blocks.
 
     Chaining makes the last fine hash inside a coarse block a fingerprint of the coarse block.
+    Equal sizes return `hashes` itself (no copy: lookups only read it).
     """
     if block_size == hash_block_size:
         return hashes

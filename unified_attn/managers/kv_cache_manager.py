@@ -122,6 +122,8 @@ class KVCacheManager:
         max_length = min(request.num_tokens - 1, len(request.block_hashes) * self.hash_block_size)
         blocks, num_hit = self.coordinator.find_longest_cache_hit(request.block_hashes, max_length)
         self.prefix_cache_stats.record(request.num_tokens, num_hit)
+        if not num_hit:
+            return self._empty, 0  # every group's list is empty: share the unmutated one
         return KVCacheBlocks(blocks), num_hit
 
     # ---- allocation ----------------------------------------------------------------------------

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+from itertools import takewhile
+from operator import is_, is_not
+from typing import Any
 
 from unified_attn.managers.free_queue import KVCacheBlock
+
+_is_entry = partial(is_not, None)
+_is_miss = partial(is_, None)
 
 
 class BlockHashToBlockMap:
@@ -15,6 +22,8 @@ class BlockHashToBlockMap:
 
     def __init__(self) -> None:
         self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        # Keys holding a dict (duplicates): while 0, every entry is a bare block.
+        self._num_shared_keys = 0
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -35,12 +44,28 @@ class BlockHashToBlockMap:
             return entry
         return next(iter(entry.values()))
 
+    def first_blocks(self, keys: Iterable[bytes]) -> list[KVCacheBlock]:
+        """`get_one_block` of each key in order, up to the first key with no block.
+
+        The loop runs in C (`map`, `takewhile`): this is the prefix-hit scan.
+        """
+        # Bare blocks, or {block_id: block} dicts for keys with duplicates.
+        entries: list[Any] = list(takewhile(_is_entry, map(self._cache.get, keys)))
+        if self._num_shared_keys:
+            return [e if isinstance(e, KVCacheBlock) else next(iter(e.values())) for e in entries]
+        return entries
+
+    def num_leading_misses(self, keys: Iterable[bytes]) -> int:
+        """How many keys, from the first, have no block (one C loop, like `first_blocks`)."""
+        return len(list(takewhile(_is_miss, map(self._cache.get, keys))))
+
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
         entry = self._cache.get(key)
         if entry is None:
             self._cache[key] = block
         elif isinstance(entry, KVCacheBlock):
             self._cache[key] = {entry.block_id: entry, block.block_id: block}
+            self._num_shared_keys += 1
         else:
             entry[block.block_id] = block
 
@@ -56,7 +81,9 @@ class BlockHashToBlockMap:
         block = entry.pop(block_id, None)
         if len(entry) == 1:
             self._cache[key] = next(iter(entry.values()))
+            self._num_shared_keys -= 1
         return block
 
     def clear(self) -> None:
         self._cache.clear()
+        self._num_shared_keys = 0

@@ -7,7 +7,9 @@ for `cdiv(W - 1, block_size)` contiguous cached blocks ending at the boundary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import islice
 
 import attrs
 
@@ -57,46 +59,69 @@ def find_window_run(
 ) -> tuple[list[KVCacheBlock], int]:
     """Right-to-left search for a window run; `num_leading` blocks must also hit (sinks).
 
-    Returns `[leading..., null..., run...]` and the hit length. When no full run exists, the
+    Returns `[leading..., null..., run...]` and the hit length. When no run exists, the
     contiguous run of hits from block 0 still counts (short prompts).
     """
-    bs = manager.block_size
-    need = manager.blocks_needed_for_hit()  # type: ignore[attr-defined]
-    pool, group = manager.block_pool, (manager.group_id,)
+    bs, pool, group_id = manager.block_size, manager.block_pool, manager.group_id
     num_blocks = max_length // bs
-    cached: list[KVCacheBlock | None] = [None] * num_blocks
-
-    def lookup(i: int) -> KVCacheBlock | None:
-        if cached[i] is None:
-            hit = pool.get_cached_block(block_hashes[i], group)
-            cached[i] = hit[0] if hit else None
-        return cached[i]
-
-    leading = 0
-    while leading < min(num_leading, num_blocks) and lookup(leading) is not None:
-        leading += 1
-    if leading == num_leading and need == 0:  # W == 1: no earlier token is ever read
+    if num_blocks <= 0:
+        return [], 0
+    leading: list[KVCacheBlock] = []
+    if num_leading:
+        leading = pool.get_cached_prefix(
+            islice(block_hashes, min(num_leading, num_blocks)), group_id
+        )
+    if len(leading) < num_leading:  # only the leading blocks before the miss can hit
+        return _prefix_hit(leading, bs, alignment)
+    need = manager.blocks_needed_for_hit()  # type: ignore[attr-defined]
+    if need == 0:  # W == 1: no earlier token is ever read
         end = num_blocks * bs // alignment * alignment // bs
         blocks = [manager.null_block] * end
-        blocks[:leading] = cached[:leading]  # type: ignore[assignment]
+        blocks[:num_leading] = leading
         return blocks, end * bs
-    if leading == num_leading:
-        run = 0
-        for i in range(num_blocks - 1, -1, -1):
-            if lookup(i) is None:
-                run = 0
-                continue
-            if run == 0 and (i + 1) * bs % alignment:
-                continue  # a run must end on an aligned boundary
-            run += 1
-            if run >= need or i <= num_leading:
-                end = i + run
-                blocks = [manager.null_block] * end
-                for j in [*range(num_leading), *range(i, end)]:
-                    blocks[j] = cached[j]
-                return blocks, end * bs
-    # No run: the contiguous prefix from block 0 is a valid hit on its own.
-    while leading < num_blocks and lookup(leading) is not None:
-        leading += 1
-    hit_length = leading * bs // alignment * alignment
-    return [b for b in cached[: hit_length // bs] if b is not None], hit_length
+    found = _rightmost_run(manager, block_hashes, num_blocks, alignment, need, num_leading)
+    if found is not None:
+        start, run = found
+        nulls = [manager.null_block] * (start - num_leading)
+        return [*leading[:start], *nulls, *run], (start + len(run)) * bs
+    rest = pool.get_cached_prefix(islice(block_hashes, num_leading, num_blocks), group_id)
+    return _prefix_hit(leading + rest, bs, alignment)
+
+
+def _rightmost_run(
+    manager: SingleTypeKVCacheManager,
+    block_hashes: Sequence[bytes],
+    num_blocks: int,
+    alignment: int,
+    need: int,
+    num_leading: int,
+) -> tuple[int, list[KVCacheBlock]] | None:
+    """The right-most run of cached blocks `[start, end)` with `end <= num_blocks` on an
+    aligned boundary and `start = max(end - need, num_leading)` (at least one block), as
+    `(start, run)`; None if there is none.
+
+    On a miss at block m the next candidate `end` is the last aligned boundary at or before
+    the first cached block left of m: every block is looked up at most once, each run of
+    hits or misses in one C loop.
+    """
+    pool, group_id = manager.block_pool, manager.group_id
+    step = alignment // math.gcd(alignment, manager.block_size)  # aligned iff step | end
+    end = num_blocks // step * step
+    while end > 0:
+        start = min(max(end - need, num_leading), end - 1)
+        run = pool.get_cached_prefix(reversed(block_hashes[start:end]), group_id)
+        if len(run) == end - start:
+            run.reverse()
+            return start, run
+        miss = end - len(run) - 1
+        gap = pool.count_uncached_prefix(reversed(block_hashes[:miss]), group_id)
+        end = (miss - gap) // step * step
+    return None
+
+
+def _prefix_hit(
+    prefix: list[KVCacheBlock], block_size: int, alignment: int
+) -> tuple[list[KVCacheBlock], int]:
+    """The hit of a contiguous run of cached blocks from block 0, rounded down to `alignment`."""
+    hit_length = len(prefix) * block_size // alignment * alignment
+    return prefix[: hit_length // block_size], hit_length
