@@ -113,6 +113,12 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="draft tokens per request and step (with --speculative-method)",
     )
+    run.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="ranks of tensor parallelism, one process each (gloo on CPU, NCCL on CUDA)",
+    )
     run.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     run.add_argument(
         "--kv-cache-eviction",
@@ -157,6 +163,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "max_model_len": args.max_model_len,
         "enable_prefix_caching": not args.no_prefix_caching,
         "kv_cache_eviction": args.kv_cache_eviction,
+        "tensor_parallel_size": args.tensor_parallel_size,
         "batch_invariant": args.batch_invariant,
         "seed": args.seed,
         "speculative_method": args.speculative_method,
@@ -259,8 +266,6 @@ def fixes(engine: LLMEngine, args: argparse.Namespace, prefix_len: int, needed: 
 
 
 def run(args: argparse.Namespace) -> dict:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     add_cwd_to_path()  # `--backend module:Class` from the working directory
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
@@ -268,6 +273,17 @@ def run(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     engine = LLMEngine(args.model, **engine_kwargs(args))
     setup_s = time.perf_counter() - start
+    try:
+        return run_workload(engine, args, params, setup_s)
+    finally:
+        engine.shutdown()  # the other tensor-parallel ranks, if any
+
+
+def run_workload(
+    engine: LLMEngine, args: argparse.Namespace, params: SamplingParams, setup_s: float
+) -> dict:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
     workload = make_workload(engine, args)
     if engine.kind == "encoder_only":
         return run_encode(engine, args, workload, setup_s)
@@ -323,6 +339,7 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
         "mode": "generate",
         "num_requests": len(finished),
         "kv_cache": engine.kv_cache_report.as_dict(),
+        "rank_num_blocks": engine.rank_num_blocks,
         "prefix_cache": {
             "queries": prefix.queries,
             "hits": prefix.hits,
@@ -378,6 +395,8 @@ def print_report(report: dict) -> None:
         ("model / backend", f"{report['model']} / {report['backend']} on {report['device']}"),
         ("KV cache", f"{kv['num_blocks']:,} blocks x {kv['bytes_per_block']:,} B "
                      f"(block size {kv['block_size']}) = {kv['total_bytes'] / 2**20:.1f} MiB"),
+        ("blocks per rank", ", ".join(f"{n:,}" for n in report["rank_num_blocks"])
+         + f" (all ranks use {kv['num_blocks']:,})"),
         ("capacity", f"{kv['capacity_tokens']:,} tokens, max concurrency "
                      f"{kv['max_concurrency']:.1f} at max_model_len {kv['max_model_len']}"),
         ("requests", str(report["num_requests"])),

@@ -20,7 +20,9 @@ class EngineConfig:
     backend: str | type | None = None  # a name, `module:Class`, or a backend class
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     block_size: int | None = None
-    kv_cache_memory: int | str | None = "64MiB"  # None on CUDA: a fraction of free memory
+    # None on CUDA: a fraction of free memory; with tensor parallelism, one budget per rank
+    # (or one list entry per rank)
+    kv_cache_memory: int | str | list[int | str] | None = "64MiB"
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -32,6 +34,8 @@ class EngineConfig:
     batch_invariant: bool = False
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
+    # ranks of tensor parallelism: one process each (docs/distributed.md)
+    tensor_parallel_size: int = attrs.field(default=1)
     # Speculative decoding: "ngram" (prompt lookup) proposes up to `num_speculative_tokens`
     # drafts per decoding request from n-grams of `prompt_lookup_min..prompt_lookup_max` tokens;
     # "draft" takes them from `draft_model` (a preset or checkpoint sharing the tokenizer).
@@ -40,6 +44,14 @@ class EngineConfig:
     draft_model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+
+    @tensor_parallel_size.validator
+    def _check_tp(self, _attribute: Any, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"tensor_parallel_size must be a positive int, got {value!r}; 1 runs on one "
+                "device"
+            )
 
     @kv_cache_eviction.validator
     def _check_eviction(self, _attribute: Any, value: str) -> None:
@@ -52,8 +64,7 @@ class EngineConfig:
 
 # vLLM options people pass out of habit, with what to do here instead.
 _VLLM_OPTION_HINTS = {
-    "tensor_parallel_size": "an engine runs on one device",
-    "pipeline_parallel_size": "an engine runs on one device",
+    "pipeline_parallel_size": "use tensor_parallel_size to spread a model over devices",
     "enforce_eager": "pass cuda_graphs=False to run decode steps eagerly",
     "trust_remote_code": "checkpoints load without remote code",
     "tokenizer": "the tokenizer comes with the model (preset or checkpoint directory)",

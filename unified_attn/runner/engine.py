@@ -5,6 +5,7 @@ and a step-by-step serving loop, with vLLM-shaped outputs (`RequestOutput`, `Com
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -19,7 +20,6 @@ from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_o
 from unified_attn.runner.detokenizer import IncrementalText
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.kv_access import KVCacheAccess
-from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner, StepResult
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.outputs import (
@@ -44,7 +44,13 @@ from unified_attn.runner.sequences import (
     request_output,
 )
 from unified_attn.runner.speculative import build_drafter, propose_drafts
-from unified_attn.runner.worker import KVCacheReport, Worker, agree_on_num_blocks
+from unified_attn.runner.tensor_parallel import (
+    TensorParallelGroup,
+    agree_on_blocks,
+    make_worker,
+    rank_model,
+)
+from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 
 # ---- the engine's per-request state ------------------------------------------------------------
@@ -80,7 +86,20 @@ class LLMEngine(KVCacheAccess):
         check_engine_options(kwargs)
         self.config = config = EngineConfig(model=model, **kwargs)
         self.device = resolve_device(config.device)
-        source = load_model(config)
+        # tensor parallelism: ranks 1..N-1 start now and build their shards alongside
+        self._tp = TensorParallelGroup(config) if config.tensor_parallel_size > 1 else None
+        try:
+            self._build(config)
+        except BaseException as error:
+            if self._tp is not None:
+                self._tp.fail(error)
+            raise
+        if self._tp is not None:
+            weakref.finalize(self, self._tp.shutdown)
+
+    def _build(self, config: EngineConfig) -> None:
+        n = config.tensor_parallel_size
+        source = rank_model(config, 0, n) if n > 1 else load_model(config)
         self.model, self.tokenizer, self.backend_cls = (
             source.model,
             source.tokenizer,
@@ -90,20 +109,15 @@ class LLMEngine(KVCacheAccess):
         self.max_model_len = source.max_model_len
         self.kind = source.kind
         self._source = source
-        memory = None if config.kv_cache_memory is None else parse_memory(config.kv_cache_memory)
         max_in_flight = min(config.max_num_batched_tokens, self.max_model_len)
-        self.worker = Worker(
-            self.model,
-            device=self.device,
-            max_model_len=self.max_model_len,
-            max_in_flight_tokens=max_in_flight,
-            block_size=config.block_size,
-            kv_cache_memory=memory,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-        )
+        self.worker = make_worker(config, source, 0)
         # a draft model takes its share of the KV budget before the target sizes its cache
         self.drafter = build_drafter(config, source, self.worker, self.device)
-        num_blocks = agree_on_num_blocks([self.worker])
+        if self._tp is not None:  # every rank sizes its own cache; all use the minimum
+            num_blocks, self.rank_num_blocks = agree_on_blocks(self.worker)
+        else:
+            num_blocks = agree_on_num_blocks([self.worker])
+            self.rank_num_blocks = [num_blocks]
         self.worker.allocate(num_blocks)
         self.kv_cache_manager = KVCacheManager(
             self.worker.plan.scheduler_config(num_blocks),
@@ -459,9 +473,13 @@ class LLMEngine(KVCacheAccess):
     # ---- one step ------------------------------------------------------------------------------
 
     def _step(self) -> None:
+        if self._tp is not None and self._tp.closed:
+            raise RuntimeError(
+                "this tensor-parallel engine was shut down (or a rank failed); build a new one"
+            )
         start = time.perf_counter()
         output = self.scheduler.schedule()
-        result = self.runner.execute(output)
+        result = self._execute(output)
         before = {e.request.request_id: e.request.num_output_tokens for e in output.scheduled}
         finished = self.scheduler.update_from_output(output, result.sampled)
         appended = {
@@ -486,6 +504,24 @@ class LLMEngine(KVCacheAccess):
             if parent.done:
                 self._finish(parent)
         self._publish_kv_events()
+
+    def _execute(self, output: SchedulerOutput) -> StepResult:
+        """Run the step on this process's runner; with tensor parallelism, on every rank."""
+        tp = self._tp
+        if tp is None:
+            return self.runner.execute(output)
+        try:
+            tp.broadcast(output)
+            return self.runner.execute(output)
+        except Exception as error:
+            tp.fail(error)
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks and leave their process group (nothing to do
+        on one device). The engine cannot step afterwards."""
+        if self._tp is not None:
+            self._tp.shutdown()
 
     def _count(
         self, output: SchedulerOutput, result: StepResult, appended: dict[str, int], start: float

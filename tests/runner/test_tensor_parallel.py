@@ -1,0 +1,115 @@
+"""Tensor parallelism on CPU (gloo, one process per rank): greedy tokens equal one device in
+float32, every rank sizes its own cache and all use the minimum, a dead rank is reported, and
+what cannot be split is refused before any process starts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.models.hf_models import make_family_model, make_hf_model, save_hf_model
+from unified_attn import LLMEngine, SamplingParams
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, list(range(40, 90)), [3, 4] * 12]
+PARAMS = [
+    SamplingParams(max_tokens=16, ignore_eos=True, logprobs=2),
+    SamplingParams(max_tokens=24, ignore_eos=True),
+    SamplingParams(max_tokens=8, ignore_eos=True, repetition_penalty=1.2),
+]
+
+
+def check_equal_to_one_device(model: str, size: int, **options) -> LLMEngine:
+    """Build a `size`-rank engine, check its outputs against one device, return it (shut down)."""
+    want = LLMEngine(model, **options).generate(PROMPTS, PARAMS)
+    engine = LLMEngine(model, tensor_parallel_size=size, **options)
+    try:
+        got = engine.generate(PROMPTS, PARAMS)
+    finally:
+        engine.shutdown()
+    for a, b in zip(got, want, strict=True):
+        assert a.output_token_ids == b.output_token_ids, model
+        for x, y in zip(a.outputs[0].logprobs or [], b.outputs[0].logprobs or [], strict=True):
+            assert all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in y)
+    return engine
+
+
+@pytest.mark.parametrize(
+    "preset, size",
+    [("tiny-hybrid", 2), ("gemma2-like", 2), ("streaming-llm", 2), ("tiny-llama", 4)],
+)
+def test_ranks_give_the_tokens_of_one_device(preset, size):
+    """Full, sliding, chunked and sink layers; soft caps; TP=4 with 2 KV heads (replicated)."""
+    engine = check_equal_to_one_device(preset, size, max_num_batched_tokens=48)
+    assert len(engine.rank_num_blocks) == size
+
+
+def test_checkpoints_split_by_heads_and_features(tmp_path):
+    """Transformers checkpoints: q/k/v biases (Qwen2), fused qkv and gate-up projections
+    (Phi-3), Llama."""
+    for name, hf in [
+        ("qwen2", make_hf_model("qwen2", num_hidden_layers=2)),
+        ("phi3", make_family_model("phi3")),
+        ("llama", make_hf_model("llama", num_hidden_layers=2)),
+    ]:
+        path = save_hf_model(hf, tmp_path / name)
+        check_equal_to_one_device(str(path), 2, kv_cache_memory="2MiB")
+
+
+def test_every_rank_sizes_its_cache_and_all_use_the_minimum():
+    engine = LLMEngine(
+        "tiny-llama", tensor_parallel_size=2, kv_cache_memory=["4MiB", "2MiB"], max_model_len=512
+    )
+    try:
+        first, second = engine.rank_num_blocks
+        assert first == 2 * second  # the same shard, half the memory
+        assert engine.worker.num_blocks == second == engine.kv_cache_report.num_blocks
+        (out,) = engine.generate([PROMPTS[0]], PARAMS[0])
+        assert len(out.output_token_ids) == 16
+    finally:
+        engine.shutdown()
+    one = LLMEngine("tiny-llama", kv_cache_memory="4MiB", max_model_len=512)
+    assert first == 2 * one.worker.num_blocks  # a rank holds half the KV heads
+
+
+def test_a_killed_rank_is_reported_within_30_seconds():
+    engine = LLMEngine("tiny-llama", tensor_parallel_size=2)
+    try:
+        engine.add_request(PROMPTS[0], PARAMS[0])
+        engine.step()
+        os.kill(engine._tp.pids[0], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="tensor parallelism: rank 1 died"):
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert time.monotonic() - start < 30
+        with pytest.raises(RuntimeError, match="was shut down"):
+            engine.step()
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "model, options, message",
+    [
+        ("tiny-llama", dict(tensor_parallel_size=3), "does not divide the 4 query heads"),
+        ("gpt-oss-like", dict(tensor_parallel_size=2), "mixture-of-experts layers"),
+        ("hybrid-linear", dict(tensor_parallel_size=2), "linear-state layers"),
+        ("tiny-llama", dict(tensor_parallel_size=0), "must be a positive int"),
+        (
+            "tiny-llama",
+            dict(tensor_parallel_size=2, kv_cache_memory=["1MiB"]),
+            "kv_cache_memory has 1 entries for tensor_parallel_size=2",
+        ),
+        (
+            "tiny-llama",
+            dict(tensor_parallel_size=2, speculative_method="ngram", num_speculative_tokens=2),
+            "not supported yet",
+        ),
+    ],
+)
+def test_what_cannot_be_split_is_refused_before_any_process_starts(model, options, message):
+    with pytest.raises(ValueError, match=message):
+        LLMEngine(model, **options)
