@@ -114,7 +114,7 @@ class LLMEngine(KVCacheAccess):
         # a draft model takes its share of the KV budget before the target sizes its cache
         self.drafter = build_drafter(config, source, self.worker, self.device)
         if self._tp is not None:  # every rank sizes its own cache; all use the minimum
-            num_blocks, self.rank_num_blocks = agree_on_blocks(self.worker)
+            num_blocks, self.rank_num_blocks = agree_on_blocks(self.worker, self._tp.control)
         else:
             num_blocks = agree_on_num_blocks([self.worker])
             self.rank_num_blocks = [num_blocks]

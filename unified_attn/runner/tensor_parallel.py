@@ -1,8 +1,9 @@
 """Tensor parallelism on torch.distributed: one process per rank, rank 0 schedules.
 
 `LLMEngine(model, tensor_parallel_size=N)` runs rank 0 in the caller's process and spawns ranks
-1..N-1 (`start_ranks`); all join one process group (gloo on CPU, NCCL on CUDA: rank r uses
-`cuda:r`). Every rank builds the same model shard (`rank_model`: the full model cut by
+1..N-1 (`TensorParallelGroup`); all join one process group (gloo on CPU, NCCL on CUDA: rank r
+uses `cuda:r`), and a gloo control group carries the block agreement and the step messages.
+Every rank builds the same model shard (`rank_model`: the full model cut by
 `models/tensor_parallel.py`), plans and sizes its own KV cache from its own memory, and the
 ranks agree on the minimum block count with one all-reduce (`agree_on_blocks`). Each step rank 0
 broadcasts a compact `StepMessage` (new requests, new tokens, the scheduled entries) and every
@@ -19,6 +20,7 @@ import datetime
 import multiprocessing as mp
 import queue
 import socket
+import threading
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -201,20 +203,15 @@ def _all_reduce(tensor: torch.Tensor) -> None:
     dist.all_reduce(tensor)
 
 
-def agree_on_blocks(worker: Worker) -> tuple[int, list[int]]:
-    """Every rank sizes its own cache; all use the minimum. Returns it and every rank's own."""
+def agree_on_blocks(worker: Worker, control: Any) -> tuple[int, list[int]]:
+    """Every rank sizes its own cache; all use the minimum (one all-reduce on the `control`
+    group). Returns it and every rank's own figure."""
     own = worker.determine_num_blocks()
-    counts = torch.zeros(dist.get_world_size(), dtype=torch.int64, device=_comm_device())
+    counts = torch.zeros(dist.get_world_size(), dtype=torch.int64)
     counts[dist.get_rank()] = own
-    dist.all_reduce(counts)
+    dist.all_reduce(counts, group=control)
     per_rank = [int(c) for c in counts.tolist()]
     return min(per_rank), per_rank
-
-
-def _comm_device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def make_rank_runner(config: Any, source: ModelSource, worker: Worker) -> ModelRunner:
@@ -251,17 +248,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _join_group(config: Any, rank: int, world_size: int, port: int) -> None:
+def _join_group(config: Any, rank: int, world_size: int, port: int) -> Any:
+    """Join the ranks' group (NCCL on CUDA, for the model's all-reduces, else gloo) and return
+    the control group: gloo, for the block agreement and the step messages. Gloo notices a
+    dead peer (its connections close) and honours the timeout, where a NCCL collective would
+    wait for it forever; and small host messages need no device copies."""
     cuda = torch.device(config.device).type == "cuda"
     if cuda:
         torch.cuda.set_device(rank)
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+        timeout=timeout,
     )
+    return dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
 
 
 def _rank_main(config: Any, rank: int, world_size: int, port: int, errors: Any) -> None:
@@ -270,16 +273,16 @@ def _rank_main(config: Any, rank: int, world_size: int, port: int, errors: Any) 
     try:
         if torch.device(config.device).type == "cpu":
             torch.set_num_threads(1)  # ranks share the host's cores
-        _join_group(config, rank, world_size, port)
+        control = _join_group(config, rank, world_size, port)
         source = rank_model(config, rank, world_size)
         worker = make_worker(config, source, rank)
-        num_blocks, _ = agree_on_blocks(worker)
+        num_blocks, _ = agree_on_blocks(worker, control)
         worker.allocate(num_blocks)
         runner = make_rank_runner(config, source, worker)
         replica = Replica()
         while True:
             box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0)
+            dist.broadcast_object_list(box, src=0, group=control)
             if box[0] is None:
                 break
             runner.execute(replica.output(box[0]))
@@ -315,8 +318,9 @@ class TensorParallelGroup:
             process.start()
         self.mirror = Mirror()
         self.closed = False
+        self.control: Any = None
         try:
-            _join_group(config, 0, n, port)
+            self.control = _join_group(config, 0, n, port)
         except BaseException as error:
             self.fail(error)
 
@@ -325,7 +329,7 @@ class TensorParallelGroup:
         self._send(self.mirror.message(output))
 
     def _send(self, message: StepMessage | None) -> None:
-        dist.broadcast_object_list([message], src=0)
+        dist.broadcast_object_list([message], src=0, group=self.control)
 
     def fail(self, error: BaseException) -> None:
         """Raise a `RuntimeError` naming the rank that failed (its report, or how it died),
@@ -355,6 +359,8 @@ class TensorParallelGroup:
         if graceful and dist.is_initialized():
             try:
                 self._send(None)
+                # the ranks leave the group as they stop: NCCL's teardown waits for all of them
+                dist.destroy_process_group()
             except Exception:  # a rank is gone: terminate below
                 graceful = False
         for process in self.processes:
@@ -362,8 +368,10 @@ class TensorParallelGroup:
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if dist.is_initialized():  # after a failure: the peers are gone, never wait on them
+            leave = threading.Thread(target=dist.destroy_process_group, daemon=True)
+            leave.start()
+            leave.join(timeout=10)
 
     @property
     def pids(self) -> Sequence[int | None]:

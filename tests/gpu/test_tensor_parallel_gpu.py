@@ -1,0 +1,27 @@
+"""Tensor parallelism on 2 CUDA devices (NCCL): graphs with all-reduces inside replay, and float32
+tokens equal one device's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unified_attn import LLMEngine, SamplingParams
+
+pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, list(range(30, 90)), [3, 4] * 20]
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "gemma2-like"])
+def test_two_ranks_give_the_tokens_of_one_device_in_float32(preset):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    want = LLMEngine(preset, **options).generate(PROMPTS, params)
+    engine = LLMEngine(preset, tensor_parallel_size=2, **options)
+    try:
+        got = engine.generate(PROMPTS, params)
+        assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    finally:
+        engine.shutdown()
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
