@@ -50,6 +50,24 @@ def test_plan_command_json(capsys):
     ]
 
 
+def test_plan_for_a_tensor_parallel_rank_doubles_the_capacity_per_gpu(capsys):
+    import json
+
+    from unified_attn.cli import main
+
+    reports = []
+    for size in ("1", "2"):
+        argv = ["plan", "--model", "tiny-llama", "--tensor-parallel-size", size, "--json"]
+        assert main(argv) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    one, two = (r["hybrid"] for r in reports)
+    assert two["bytes_per_block"] * 2 == one["bytes_per_block"]
+    assert two["capacity_tokens"] == pytest.approx(2 * one["capacity_tokens"], rel=1e-3)
+    assert reports[1]["settings"]["tensor_parallel_size"] == 2
+    assert main(["plan", "--model", "tiny-llama", "--tensor-parallel-size", "3"]) == 2
+    assert "does not divide the 4 query heads" in capsys.readouterr().err
+
+
 def test_plan_command_rejects_unknown_models(capsys):
     from unified_attn.cli import main
 
@@ -75,6 +93,7 @@ def test_plan_takes_runs_defaults_shows_them_and_matches_what_run_allocates(caps
         "max_in_flight_tokens": 512,
         "dtype": "float32",
         "block_size": 16,
+        "tensor_parallel_size": 1,
     }
     kv = LLMEngine().kv_cache_report  # `unified-attn run`'s engine on CPU
     hybrid = report["hybrid"]

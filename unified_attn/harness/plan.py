@@ -17,6 +17,7 @@ import torch
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.harness.conformance.prepare import DTYPES, memory_size, positive_int
 from unified_attn.models import DecoderModel, LayerKind, ModelConfig
+from unified_attn.models.tensor_parallel import shard_config, shard_plan
 from unified_attn.runner.memory import format_memory
 from unified_attn.runner.model_source import DEFAULT_MODEL, resolve_max_model_len
 from unified_attn.runner.worker import KVCachePlan, plan_kv_cache
@@ -274,6 +275,12 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="tokens per block (default: 16, or what every backend accepts)",
     )
+    plan.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        help="plan one rank's shard (its local heads) under --kv-cache-memory per GPU",
+    )
     plan.add_argument("--json", action="store_true", help="print the report as JSON only")
     plan.add_argument(
         "--png",
@@ -287,6 +294,8 @@ def main(args: Any) -> int:
     if args.png:
         require_matplotlib()
     config = resolve_model_config(args.model)
+    if args.tensor_parallel_size > 1:  # every rank holds the same shard: plan rank 0's
+        config = shard_config(config, shard_plan(config, 0, args.tensor_parallel_size))
     max_model_len = resolve_max_model_len(args.max_model_len, config)
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
                   max_in_flight_tokens=args.max_num_batched_tokens)  # fmt: skip
@@ -311,6 +320,7 @@ def settings(args: Any, max_model_len: int, block_size: int) -> dict[str, Any]:
         "max_in_flight_tokens": min(args.max_num_batched_tokens, max_model_len),
         "dtype": args.dtype,
         "block_size": block_size,
+        "tensor_parallel_size": args.tensor_parallel_size,
     }
 
 
@@ -391,10 +401,13 @@ def print_plan(report: dict[str, Any]) -> None:
 
 
 def describe_settings(settings: dict[str, Any]) -> str:
+    n = settings["tensor_parallel_size"]
+    ranks = f" per rank of {n} (tensor parallelism)" if n > 1 else ""
     return (
-        f"plan for {settings['model']}: KV cache {format_memory(settings['kv_cache_memory'])}, "
-        f"max_model_len {settings['max_model_len']:,}, {settings['max_in_flight_tokens']:,} "
-        f"tokens in flight per request, {settings['dtype']}, block size {settings['block_size']}"
+        f"plan for {settings['model']}: KV cache {format_memory(settings['kv_cache_memory'])}"
+        f"{ranks}, max_model_len {settings['max_model_len']:,}, "
+        f"{settings['max_in_flight_tokens']:,} tokens in flight per request, "
+        f"{settings['dtype']}, block size {settings['block_size']}"
     )
 
 
