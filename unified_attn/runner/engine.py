@@ -20,7 +20,7 @@ from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_o
 from unified_attn.runner.detokenizer import IncrementalText
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.kv_access import KVCacheAccess
-from unified_attn.runner.model_runner import ModelRunner, StepResult
+from unified_attn.runner.model_runner import StepResult
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.outputs import (
     EncodeOutput,
@@ -47,6 +47,7 @@ from unified_attn.runner.speculative import build_drafter, propose_drafts
 from unified_attn.runner.tensor_parallel import (
     TensorParallelGroup,
     agree_on_blocks,
+    make_rank_runner,
     make_worker,
     rank_model,
 )
@@ -133,19 +134,9 @@ class LLMEngine(KVCacheAccess):
             max_model_len=self.max_model_len,
             eos_token_ids=source.eos_token_ids,
         )
-        self.runner = ModelRunner(
-            self.model,
-            self.worker.plan,
-            device=self.device,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=self.max_model_len,
-            seed=config.seed,
-            cuda_graphs=config.cuda_graphs,
-            eos_token_ids=source.eos_token_ids,
-            graph_query_lens=(1,)
-            if self.drafter is None
-            else (1, 1 + self.drafter.num_speculative_tokens),
-        )
+        k = 0 if self.drafter is None else self.drafter.num_speculative_tokens
+        # decode steps verifying k drafts per request replay graphs too
+        self.runner = make_rank_runner(config, source, self.worker, (1, 1 + k) if k else (1,))
         self.stats = EngineStats()
         self._ids = RequestIds()
         self._parents: dict[str, ParentRequest] = {}  # unfinished requests, by the id callers know

@@ -176,8 +176,11 @@ def check_options(config: Any) -> None:
 
 
 def rank_device(config: Any, rank: int) -> torch.device:
+    """`config.device`; with several ranks on CUDA, rank r's device is `cuda:r`."""
     device = torch.device(config.device)
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+    if device.type == "cuda" and config.tensor_parallel_size > 1:
+        return torch.device("cuda", rank)
+    return device
 
 
 def rank_memory(config: Any, rank: int) -> int | None:
@@ -214,7 +217,10 @@ def agree_on_blocks(worker: Worker, control: Any) -> tuple[int, list[int]]:
     return min(per_rank), per_rank
 
 
-def make_rank_runner(config: Any, source: ModelSource, worker: Worker) -> ModelRunner:
+def make_rank_runner(
+    config: Any, source: ModelSource, worker: Worker, graph_query_lens: tuple[int, ...] = (1,)
+) -> ModelRunner:
+    """A rank's model runner (rank 0's is the engine's), with `config`'s settings."""
     return ModelRunner(
         source.model,
         worker.plan,
@@ -224,6 +230,7 @@ def make_rank_runner(config: Any, source: ModelSource, worker: Worker) -> ModelR
         seed=config.seed,
         cuda_graphs=config.cuda_graphs,
         eos_token_ids=source.eos_token_ids,
+        graph_query_lens=graph_query_lens,
     )
 
 
