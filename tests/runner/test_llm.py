@@ -84,8 +84,8 @@ def test_bad_sampling_params_and_use_tqdm_are_refused(llm):
 
 
 def test_unknown_engine_options_are_refused_with_a_hint():
-    with pytest.raises(ValueError, match=r"'tensor_parallel_size' \(an engine runs on one device"):
-        LLM("tiny-llama", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"'pipeline_parallel_size' \(use tensor_parallel_size"):
+        LLM("tiny-llama", pipeline_parallel_size=2)
     with pytest.raises(ValueError, match=r"'enforce_eager' \(pass cuda_graphs=False.*max_num_seqs"):
         LLMEngine("tiny-llama", enforce_eager=True)
 
