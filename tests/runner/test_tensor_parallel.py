@@ -38,24 +38,38 @@ def check_equal_to_one_device(model: str, size: int, **options) -> LLMEngine:
 
 @pytest.mark.parametrize(
     "preset, size",
-    [("tiny-hybrid", 2), ("gemma2-like", 2), ("streaming-llm", 2), ("tiny-llama", 4)],
+    [
+        ("tiny-hybrid", 2),
+        ("gemma2-like", 2),
+        ("streaming-llm", 2),
+        ("gpt-oss-like", 2),
+        ("tiny-llama", 4),
+    ],
 )
 def test_ranks_give_the_tokens_of_one_device(preset, size):
-    """Full, sliding, chunked and sink layers; soft caps; TP=4 with 2 KV heads (replicated)."""
+    """Full, sliding, chunked and sink layers; soft caps; experts; TP=4 with 2 KV heads
+    (replicated)."""
     engine = check_equal_to_one_device(preset, size, max_num_batched_tokens=48)
     assert len(engine.rank_num_blocks) == size
 
 
-def test_checkpoints_split_by_heads_and_features(tmp_path):
-    """Transformers checkpoints: q/k/v biases (Qwen2), fused qkv and gate-up projections
-    (Phi-3), Llama."""
-    for name, hf in [
-        ("qwen2", make_hf_model("qwen2", num_hidden_layers=2)),
-        ("phi3", make_family_model("phi3")),
-        ("llama", make_hf_model("llama", num_hidden_layers=2)),
-    ]:
-        path = save_hf_model(hf, tmp_path / name)
-        check_equal_to_one_device(str(path), 2, kv_cache_memory="2MiB")
+CHECKPOINTS = {
+    "qwen2": lambda: make_hf_model("qwen2", num_hidden_layers=2),  # q/k/v biases
+    "phi3": lambda: make_family_model("phi3"),  # fused qkv and gate-up projections
+    "llama": lambda: make_hf_model("llama", num_hidden_layers=2),
+    "mistral-window": lambda: make_hf_model("mistral", num_hidden_layers=2, sliding_window=12),
+    "gemma2": lambda: make_family_model("gemma2"),  # soft caps, window, Gemma norms
+    "gpt-oss": lambda: make_family_model("gpt-oss"),  # sinks, batched experts with biases
+    "mixtral": lambda: make_family_model("mixtral"),  # top-2 of 4 SwiGLU experts
+    "qwen2-moe": lambda: make_family_model("qwen2-moe"),  # a shared expert, a dense layer
+}
+
+
+@pytest.mark.parametrize("family", sorted(CHECKPOINTS))
+def test_checkpoints_split_by_heads_and_features(family, tmp_path):
+    """Transformers checkpoints of every family with attention layers only."""
+    path = save_hf_model(CHECKPOINTS[family](), tmp_path / family)
+    check_equal_to_one_device(str(path), 2, kv_cache_memory="2MiB")
 
 
 def test_every_rank_sizes_its_cache_and_all_use_the_minimum():
@@ -95,7 +109,6 @@ def test_a_killed_rank_is_reported_within_30_seconds():
     "model, options, message",
     [
         ("tiny-llama", dict(tensor_parallel_size=3), "does not divide the 4 query heads"),
-        ("gpt-oss-like", dict(tensor_parallel_size=2), "mixture-of-experts layers"),
         ("hybrid-linear", dict(tensor_parallel_size=2), "linear-state layers"),
         ("tiny-llama", dict(tensor_parallel_size=0), "must be a positive int"),
         (

@@ -2,9 +2,11 @@
 
 Rank `r` of `N` keeps query heads `[r * Hq/N, (r + 1) * Hq/N)` with the KV heads they read
 (split when `Hkv >= N`, else one replicated head per rank), and the same slice of every MLP's
-intermediate features. Column-parallel projections (q/k/v, gate/up) keep their output rows;
-row-parallel ones (`o_proj`, `down_proj`) keep their input columns and sum the ranks' partial
-outputs with one all-reduce each (`RowParallelLinear`), their bias added once after it.
+intermediate features (of every expert, in mixtures of experts). Column-parallel projections
+(q/k/v, gate/up) keep their output rows; row-parallel ones (`o_proj`, `down_proj`) keep their
+input columns and sum the ranks' partial outputs with one all-reduce each (`RowParallelLinear`,
+the bias added once after it; a mixture of experts sums its whole output once,
+`ReducedOutput`).
 Embeddings, norms and the LM head are replicated. Each rank's backends are built for its local
 head counts: the backend contract is unchanged.
 
@@ -23,6 +25,7 @@ from torch import nn
 
 from unified_attn.models.config import ModelConfig
 from unified_attn.models.decoder import DecoderModel
+from unified_attn.models.mlp import MLP
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor over the ranks, in place
 
@@ -62,11 +65,14 @@ def check_tensor_parallel(config: ModelConfig, world_size: int) -> None:
             f"{name} does not divide intermediate_size={config.intermediate_size} of "
             f"{config.name}; use a divisor of it"
         )
-    if config.mlp_kind == "moe":
-        raise ValueError(
-            f"{name}: {config.name} has mixture-of-experts layers, which are not sharded yet; "
-            "run it with tensor_parallel_size=1"
-        )
+    moe = config.moe
+    for field in ("intermediate_size", "shared_expert_intermediate_size"):
+        size = getattr(moe, field, None)
+        if size is not None and size % world_size:
+            raise ValueError(
+                f"{name} does not divide the experts' {field}={size} of {config.name}; use a "
+                "divisor of it"
+            )
     state = [i for i, kind in enumerate(config.layer_kinds) if kind.kind == "linear_state"]
     if state:
         raise ValueError(
@@ -92,12 +98,38 @@ def shard_plan(config: ModelConfig, rank: int, world_size: int) -> ShardPlan:
 
 def shard_config(config: ModelConfig, plan: ShardPlan) -> ModelConfig:
     """The config of one rank's model: local head counts and MLP width, same head size."""
+    moe = config.moe
+    if moe is not None:  # every expert keeps the same slice of its features
+        n = plan.world_size
+        moe = attrs.evolve(
+            moe,
+            intermediate_size=None if moe.intermediate_size is None else moe.intermediate_size // n,
+            shared_expert_intermediate_size=None
+            if moe.shared_expert_intermediate_size is None
+            else moe.shared_expert_intermediate_size // n,
+        )
     return attrs.evolve(
         config,
         num_heads=plan.num_heads,
         num_kv_heads=plan.num_kv_heads,
         intermediate_size=plan.intermediate_size,
+        moe=moe,
     )
+
+
+class ReducedOutput(nn.Module):
+    """A mixture of experts on a rank's slice of every expert's features: its output summed
+    over the ranks (each expert's output is linear in its down projection's input)."""
+
+    def __init__(self, module: nn.Module, all_reduce: AllReduce) -> None:
+        super().__init__()
+        self.module = module
+        self.all_reduce = all_reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.module(x)
+        self.all_reduce(out)
+        return out
 
 
 class RowParallelLinear(nn.Module):
@@ -134,42 +166,51 @@ def shard_decoder(
     )
     state = full.state_dict()
     for name, param in local.named_parameters():
-        param.copy_(_slice(name, state[name], full.config, plan))
+        param.copy_(_slice(name, state[name], tuple(param.shape), full.config, plan))
     for layer in local.model.layers:
         attn, mlp = cast(Any, layer).self_attn, cast(Any, layer).mlp
         attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
-        mlp.down_proj = RowParallelLinear(mlp.down_proj, all_reduce)
+        if isinstance(mlp, MLP):
+            cast(Any, mlp).down_proj = RowParallelLinear(mlp.down_proj, all_reduce)
+        else:  # experts (and a shared expert): one sum of the whole block
+            cast(Any, layer).mlp = ReducedOutput(mlp, all_reduce)
     return local
 
 
-def _slice(name: str, full: torch.Tensor, config: ModelConfig, plan: ShardPlan) -> torch.Tensor:
-    """The rank's part of the full parameter `name`."""
-    d = config.head_size
-    q = _rows(plan.rank * plan.num_heads * d, plan.num_heads * d)
+def _slice(
+    name: str, full: torch.Tensor, shape: tuple[int, ...], config: ModelConfig, plan: ShardPlan
+) -> torch.Tensor:
+    """The rank's part of the full parameter `name`, whose local shape is `shape`. A column-
+    parallel part is the rank's `shape`-sized run of output features; KV heads start at the
+    rank's first KV head (replicated heads are shared by several ranks)."""
+    r, d = plan.rank, config.head_size
     kv = _rows(plan.kv_head_start * d, plan.num_kv_heads * d)
-    inter = _rows(plan.rank * plan.intermediate_size, plan.intermediate_size)
-    leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
-    module, kind = leaf[0], leaf[-1]
-    if module == "q_proj":
-        return q(full)
+    module, kind = name.rsplit(".", 2)[-2:]  # e.g. "q_proj", "weight"
+    if name.endswith(("experts.gate_up_proj", "experts.gate_up_proj_bias")):
+        width = shape[-1]  # batched experts: gate and up interleaved, so pairs stay together
+        return full[..., r * width : (r + 1) * width]
+    if name.endswith("experts.down_proj"):  # [E, I, H]
+        return full[:, r * shape[1] : (r + 1) * shape[1]]
+    if name.endswith("experts.down_proj_bias"):  # added once: by rank 0
+        return full if r == 0 else torch.zeros_like(full)
+    if module in ("q_proj", "gate_proj", "up_proj"):
+        return _rows(r * shape[0], shape[0])(full)
     if module in ("k_proj", "v_proj"):
         return kv(full)
     if module == "qkv_proj":
         qs, ks = config.num_heads * d, config.num_kv_heads * d
-        parts = full.split([qs, ks, ks], dim=0)
-        return torch.cat([q(parts[0]), kv(parts[1]), kv(parts[2])], dim=0)
-    if module == "o_proj" and kind == "weight":
-        return q(full.t()).t()
-    if module in ("gate_proj", "up_proj"):
-        return inter(full)
+        q, k, v = full.split([qs, ks, ks], dim=0)
+        local_q = plan.num_heads * d
+        return torch.cat([_rows(r * local_q, local_q)(q), kv(k), kv(v)], dim=0)
     if module == "gate_up_proj":
+        half = shape[0] // 2
         gate, up = full.chunk(2, dim=0)
-        return torch.cat([inter(gate), inter(up)], dim=0)
-    if module == "down_proj" and kind == "weight":
-        return inter(full.t()).t()
+        return torch.cat([_rows(r * half, half)(gate), _rows(r * half, half)(up)], dim=0)
+    if module in ("o_proj", "down_proj") and kind == "weight":
+        return full[:, r * shape[1] : (r + 1) * shape[1]]
     if name.endswith("self_attn.sinks"):
-        return full[plan.rank * plan.num_heads : (plan.rank + 1) * plan.num_heads]
-    return full  # replicated: embeddings, norms, q/k norms, the LM head, row-parallel biases
+        return full[r * plan.num_heads : (r + 1) * plan.num_heads]
+    return full  # replicated: embeddings, norms, routers, the LM head, row-parallel biases
 
 
 def _rows(start: int, count: int) -> Callable[[torch.Tensor], torch.Tensor]:
