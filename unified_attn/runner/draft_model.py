@@ -120,7 +120,7 @@ def split_kv_budget(target: Worker, draft: Worker) -> None:
 class DraftModelProposer:
     """Proposes each decoding request's drafts with a draft model (see the module docstring).
 
-    Built on an allocated draft `worker`; `propose` runs one round for the requests of a step.
+    Built on an allocated draft `worker`; `draft` runs one round for the requests of a step.
     """
 
     def __init__(
