@@ -43,12 +43,13 @@ def check_equal_to_one_device(model: str, size: int, **options) -> LLMEngine:
         ("gemma2-like", 2),
         ("streaming-llm", 2),
         ("gpt-oss-like", 2),
+        ("hybrid-linear", 2),
         ("tiny-llama", 4),
     ],
 )
 def test_ranks_give_the_tokens_of_one_device(preset, size):
-    """Full, sliding, chunked and sink layers; soft caps; experts; TP=4 with 2 KV heads
-    (replicated)."""
+    """Full, sliding, chunked and sink layers; soft caps; experts; linear-state layers (split
+    by heads); TP=4 with 2 KV heads (replicated)."""
     engine = check_equal_to_one_device(preset, size, max_num_batched_tokens=48)
     assert len(engine.rank_num_blocks) == size
 
@@ -109,7 +110,6 @@ def test_a_killed_rank_is_reported_within_30_seconds():
     "model, options, message",
     [
         ("tiny-llama", dict(tensor_parallel_size=3), "does not divide the 4 query heads"),
-        ("hybrid-linear", dict(tensor_parallel_size=2), "linear-state layers"),
         ("tiny-llama", dict(tensor_parallel_size=0), "must be a positive int"),
         (
             "tiny-llama",

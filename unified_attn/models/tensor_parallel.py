@@ -1,7 +1,8 @@
 """Tensor-parallel shards of a decoder model (Megatron-style).
 
 Rank `r` of `N` keeps query heads `[r * Hq/N, (r + 1) * Hq/N)` with the KV heads they read
-(split when `Hkv >= N`, else one replicated head per rank), and the same slice of every MLP's
+(split when `Hkv >= N`, else one replicated head per rank; linear-state layers keep the same
+heads for q, k, v, their gates and their recurrent state), and the same slice of every MLP's
 intermediate features (of every expert, in mixtures of experts). Column-parallel projections
 (q/k/v, gate/up) keep their output rows; row-parallel ones (`o_proj`, `down_proj`) keep their
 input columns and sum the ranks' partial outputs with one all-reduce each (`RowParallelLinear`,
@@ -23,6 +24,7 @@ import attrs
 import torch
 from torch import nn
 
+from unified_attn.backend import AttentionBackend
 from unified_attn.models.config import ModelConfig
 from unified_attn.models.decoder import DecoderModel
 from unified_attn.models.mlp import MLP
@@ -73,12 +75,6 @@ def check_tensor_parallel(config: ModelConfig, world_size: int) -> None:
                 f"{name} does not divide the experts' {field}={size} of {config.name}; use a "
                 "divisor of it"
             )
-    state = [i for i, kind in enumerate(config.layer_kinds) if kind.kind == "linear_state"]
-    if state:
-        raise ValueError(
-            f"{name}: {config.name} has linear-state layers ({state[:4]}), which are not "
-            "sharded yet; run it with tensor_parallel_size=1"
-        )
 
 
 def shard_plan(config: ModelConfig, rank: int, world_size: int) -> ShardPlan:
@@ -150,13 +146,17 @@ class RowParallelLinear(nn.Module):
 
 @torch.no_grad()
 def shard_decoder(
-    full: DecoderModel, rank: int, world_size: int, all_reduce: AllReduce, **model_kwargs: Any
+    full: DecoderModel,
+    rank: int,
+    world_size: int,
+    all_reduce: AllReduce,
+    backend_cls: type[AttentionBackend],
+    **model_kwargs: Any,
 ) -> DecoderModel:
-    """Rank `rank`'s shard of `full`: a model of the local config with the full model's weights
-    sliced into it, and row-parallel projections that all-reduce. `model_kwargs` go to
-    `DecoderModel` (`backend_options`)."""
+    """Rank `rank`'s shard of `full`: a model of the local config (attention layers on
+    `backend_cls`) with the full model's weights sliced into it, and row-parallel projections
+    that all-reduce. `model_kwargs` go to `DecoderModel` (`backend_options`)."""
     plan = shard_plan(full.config, rank, world_size)
-    backend_cls = type(next(iter(full.backends.values())))
     local = DecoderModel(
         shard_config(full.config, plan),
         backend_cls,
@@ -193,10 +193,13 @@ def _slice(
         return full[:, r * shape[1] : (r + 1) * shape[1]]
     if name.endswith("experts.down_proj_bias"):  # added once: by rank 0
         return full if r == 0 else torch.zeros_like(full)
-    if module in ("q_proj", "gate_proj", "up_proj"):
+    if module in ("q_proj", "gate_proj", "up_proj", "g_proj"):
         return _rows(r * shape[0], shape[0])(full)
     if module in ("k_proj", "v_proj"):
-        return kv(full)
+        # attention: the KV heads its query heads read; linear-state layers: its own heads
+        return (
+            kv(full) if shape[0] == plan.num_kv_heads * d else _rows(r * shape[0], shape[0])(full)
+        )
     if module == "qkv_proj":
         qs, ks = config.num_heads * d, config.num_kv_heads * d
         q, k, v = full.split([qs, ks, ks], dim=0)

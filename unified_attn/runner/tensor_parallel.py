@@ -198,7 +198,9 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
     if world_size == 1:
         return source
     options = {"batch_invariant": True} if config.batch_invariant else {}
-    model = shard_decoder(source.model, rank, world_size, _all_reduce, backend_options=options)
+    model = shard_decoder(
+        source.model, rank, world_size, _all_reduce, source.backend_cls, backend_options=options
+    )
     return attrs.evolve(source, model=model)
 
 
