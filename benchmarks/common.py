@@ -57,6 +57,19 @@ def utc_timestamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def run_header(schema: str, script: str, quick: bool, argv: Sequence[str] | None) -> dict:
+    """The fields a CPU benchmark's JSON opens with: schema, mode, command, machine, time."""
+    from unified_attn.harness.bench import machine_info
+
+    return {
+        "schema": schema,
+        "mode": "quick" if quick else "full",
+        "command": command_line(script, argv),
+        "machine": machine_info(),
+        "timestamp_utc": utc_timestamp(),
+    }
+
+
 def write_json(
     path: Path, data: Any, *, indent: int = 2, default: Callable[[Any], Any] | None = None
 ) -> None:

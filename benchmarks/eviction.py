@@ -30,18 +30,16 @@ from typing import Any
 
 from common import (
     add_out_argument,
-    command_line,
     make_console,
     output_dir,
     pyplot,
+    run_header,
     save_figure,
     table,
-    utc_timestamp,
     write_json,
 )
 from rich.console import Console
 
-from unified_attn.harness.bench import machine_info
 from unified_attn.managers import (
     FullAttentionManager,
     KVCacheManager,
@@ -231,11 +229,7 @@ def bench_config(config_name: str, p: dict[str, Any], workloads: dict[int, list]
 
 def header(args: argparse.Namespace, params: dict[str, Any], argv: Sequence[str] | None) -> dict:
     return {
-        "schema": "unified_attn.benchmarks.eviction/v1",
-        "mode": "quick" if args.quick else "full",
-        "command": command_line("eviction.py", argv),
-        "machine": machine_info(),
-        "timestamp_utc": utc_timestamp(),
+        **run_header("unified_attn.benchmarks.eviction/v1", "eviction.py", args.quick, argv),
         "params": {
             **params,
             "block_size": BLOCK_SIZE,

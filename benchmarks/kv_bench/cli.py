@@ -12,15 +12,12 @@ from typing import Any
 
 from common import (
     add_out_argument,
-    command_line,
     make_console,
     output_dir,
-    utc_timestamp,
+    run_header,
     write_json,
 )
 from rich.console import Console
-
-from unified_attn.harness.bench import machine_info
 
 from .block_pool import bench_pool
 from .churn import bench_churn
@@ -66,23 +63,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def shared_params() -> dict[str, Any]:
+    """The settings every section of this benchmark runs with."""
+    return {
+        "block_size": BLOCK_SIZE,
+        "max_model_len": MAX_MODEL_LEN,
+        "seed": SEED,
+        "timer": "time.perf_counter_ns",
+        "gc": "enabled; gc.collect() before each measured section",
+    }
+
+
 def header(args: argparse.Namespace, params: dict[str, Any], argv: Sequence[str] | None) -> dict:
     """What the JSON records before any measurement: the command, machine and parameters."""
     return {
-        "schema": "unified_attn.benchmarks.kv_manager/v1",
-        "mode": "quick" if args.quick else "full",
-        "command": command_line("kv_manager.py", argv),
-        "machine": machine_info(),
-        "timestamp_utc": utc_timestamp(),
-        "params": {
-            **params,
-            "block_size": BLOCK_SIZE,
-            "max_model_len": MAX_MODEL_LEN,
-            "sliding_window": SLIDING_WINDOW,
-            "seed": SEED,
-            "timer": "time.perf_counter_ns",
-            "gc": "enabled; gc.collect() before each measured section",
-        },
+        **run_header("unified_attn.benchmarks.kv_manager/v1", "kv_manager.py", args.quick, argv),
+        "params": {**params, **shared_params(), "sliding_window": SLIDING_WINDOW},
         "targets": {
             "hybrid_decode_step_us": DECODE_TARGET_US,
             "hybrid_decode_num_requests": DECODE_TARGET_REQUESTS,
@@ -135,11 +131,16 @@ def main_lookup(
 ) -> dict[str, Any]:
     """`--lookup`: the `get_computed_blocks` benchmark alone, to `<out>/kv_lookup.json`."""
     params = LOOKUP_PARAMS["quick" if args.quick else "full"]
-    results: dict[str, Any] = header(args, params, argv)
-    results["schema"] = "unified_attn.benchmarks.kv_lookup/v1"
-    del results["targets"]  # the decode and pool targets: not measured here
-    del results["params"]["sliding_window"]  # each configuration names its own
-    results["params"].update(configs=list(LOOKUP_CONFIGS), prompt_lens=list(LOOKUP_PROMPT_LENS))
+    schema = "unified_attn.benchmarks.kv_lookup/v1"
+    results: dict[str, Any] = {
+        **run_header(schema, "kv_manager.py", args.quick, argv),
+        "params": {
+            **params,
+            **shared_params(),  # each configuration names its own sliding window
+            "configs": list(LOOKUP_CONFIGS),
+            "prompt_lens": list(LOOKUP_PROMPT_LENS),
+        },
+    }
     t_start = time.perf_counter()
     with console.status("prefix-cache lookups…"):
         results["lookup"] = bench_lookup(params)
