@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from unified_attn.managers import FullAttentionManager, KVCacheManager, SchedulerKVCacheConfig
 from unified_attn.managers.block_pool import BlockPool
 from unified_attn.request import Request
@@ -65,3 +67,19 @@ def walk_free_queue(pool: BlockPool) -> list[int]:
     assert len(forward) == len(set(forward)), "a block is in the free queue twice"
     assert len(forward) == queue.num_free_blocks == pool.get_num_free_blocks()
     return forward
+
+
+def machine_test_case(machine: type, scenario: Any, max_examples: int, steps: int) -> Any:
+    """The Hypothesis test case of `machine` bound to `scenario` (its class attribute
+    `SCENARIO`), named after both so each layout shows up as its own test."""
+    from hypothesis import HealthCheck, settings
+
+    cls = type(f"{machine.__name__}_{scenario.name}", (machine,), {"SCENARIO": scenario})
+    test_case = cls.TestCase
+    test_case.settings = settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    return test_case

@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 
+from tests.managers.helpers import machine_test_case
 from tests.managers.test_kv_cache_manager_state_machine import (
     SCENARIOS,
     KVCacheManagerMachine,
@@ -159,15 +160,7 @@ class LockstepMachine(KVCacheManagerMachine):
 
 
 def make(machine: type[KVCacheManagerMachine], scenario: Scenario, examples: int):
-    cls = type(f"{machine.__name__}_{scenario.name}", (machine,), {"SCENARIO": scenario})
-    test_case = cls.TestCase
-    test_case.settings = settings(
-        max_examples=examples,
-        stateful_step_count=50,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-    return test_case
+    return machine_test_case(machine, scenario, max_examples=examples, steps=50)
 
 
 TestWindowAwareFullOnly = make(WindowAwareMachine, SCENARIOS["full"], 100)

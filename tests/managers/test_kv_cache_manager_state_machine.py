@@ -17,11 +17,11 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tests.managers.helpers import walk_free_queue
+from tests.managers.helpers import machine_test_case, walk_free_queue
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
@@ -635,17 +635,7 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
 
 def make_machine(scenario: Scenario):
     """One machine class per group layout, so each shows up as its own test."""
-    machine = type(
-        f"KVCacheManagerMachine_{scenario.name}", (KVCacheManagerMachine,), {"SCENARIO": scenario}
-    )
-    test_case = machine.TestCase
-    test_case.settings = settings(
-        max_examples=150,
-        stateful_step_count=50,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-    return test_case
+    return machine_test_case(KVCacheManagerMachine, scenario, max_examples=150, steps=50)
 
 
 TestFullOnly = make_machine(SCENARIOS["full"])

@@ -9,11 +9,17 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tests.managers.helpers import FULL, admit, make_manager, make_request, step
+from tests.managers.helpers import (
+    FULL,
+    admit,
+    machine_test_case,
+    make_manager,
+    make_request,
+    step,
+)
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     KVCacheGroup,
@@ -396,15 +402,7 @@ class KVEventsMachine(RuleBasedStateMachine):
 
 
 def make_machine(scenario: Scenario):
-    machine = type(f"KVEventsMachine_{scenario.name}", (KVEventsMachine,), {"SCENARIO": scenario})
-    test_case = machine.TestCase
-    test_case.settings = settings(
-        max_examples=40,
-        stateful_step_count=25,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-    return test_case
+    return machine_test_case(KVEventsMachine, scenario, max_examples=40, steps=25)
 
 
 TestEventsFull = make_machine(SCENARIOS["full"])
