@@ -328,6 +328,11 @@ class KVCacheManagerMachine(RuleBasedStateMachine):
         assert sorted(zeroed) == sorted(expected_zeroed), "new state blocks must be zeroed"
         for bid in zeroed:
             self.state[bid] = ()
+        # A block evicted and re-cached under the same hash in this step holds no checkpoint
+        # yet: it no longer counts as hashed at the step's start.
+        self.hashed_at_step_start = {
+            (bid, h) for bid, h in self.hashed_at_step_start if bid not in zeroed
+        }
 
     # ---- the model runner ----------------------------------------------------------------------
 
