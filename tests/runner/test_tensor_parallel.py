@@ -57,7 +57,8 @@ def test_ranks_give_the_tokens_of_one_device(preset, size):
 CHECKPOINTS = {
     "qwen2": lambda: make_hf_model("qwen2", num_hidden_layers=2),  # q/k/v biases
     "phi3": lambda: make_family_model("phi3"),  # fused qkv and gate-up projections
-    "llama": lambda: make_hf_model("llama", num_hidden_layers=2),
+    # a vocabulary that 2 ranks do not divide: the last rank's rows are padded
+    "llama": lambda: make_hf_model("llama", num_hidden_layers=2, vocab_size=301),
     "mistral-window": lambda: make_hf_model("mistral", num_hidden_layers=2, sliding_window=12),
     "gemma2": lambda: make_family_model("gemma2"),  # soft caps, window, Gemma norms
     "gpt-oss": lambda: make_family_model("gpt-oss"),  # sinks, batched experts with biases

@@ -6,7 +6,7 @@ renames some architectures declare, `hf_families.WEIGHT_RENAMES`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -104,6 +104,9 @@ class DecoderModel(nn.Module):
         self.to_empty(device=device)
         self.model.reset_rotary_buffers(device)
         self.embed_scale = _in_dtype(config.embed_scale, dtype)
+        # Tensor parallelism: the LM head holds a slice of the vocabulary, and this joins the
+        # ranks' logits into the full vocabulary (`models/tensor_parallel.py`).
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._fill_constant()
         self.requires_grad_(False)
 
@@ -198,6 +201,8 @@ class DecoderModel(nn.Module):
         model dtype with `final_logit_softcap`, as transformers)."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         logits = nn.functional.linear(hidden, head.weight)
+        if self.gather_logits is not None:
+            logits = self.gather_logits(logits)
         cap = self.config.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

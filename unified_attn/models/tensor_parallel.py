@@ -8,8 +8,12 @@ intermediate features (of every expert, in mixtures of experts). Column-parallel
 input columns and sum the ranks' partial outputs with one all-reduce each (`RowParallelLinear`,
 the bias added once after it; a mixture of experts sums its whole output once,
 `ReducedOutput`).
-Embeddings, norms and the LM head are replicated. Each rank's backends are built for its local
-head counts: the backend contract is unchanged.
+The vocabulary is split too (padded to a multiple of the ranks): rank `r` keeps rows
+`[r * V/N, (r + 1) * V/N)` of the embedding and of the LM head. The embedding looks up the ids
+in its range, zeroes the others and all-reduces (`VocabParallelEmbedding`); the LM head's
+partial logits are all-gathered into the full vocabulary (`DecoderModel.gather_logits`).
+Norms and routers are replicated. Each rank's backends are built for its local head counts:
+the backend contract is unchanged.
 
 A shard is cut from a full model (`shard_decoder`), so its weights are exactly the full
 model's: greedy tokens match the single-device model up to the float rounding of the sums.
@@ -30,6 +34,8 @@ from unified_attn.models.decoder import DecoderModel
 from unified_attn.models.mlp import MLP
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor over the ranks, in place
+# [..., V/N] on each rank -> [..., V/N * N], the ranks' parts concatenated in rank order
+AllGather = Callable[[torch.Tensor], torch.Tensor]
 
 
 @attrs.frozen
@@ -42,6 +48,11 @@ class ShardPlan:
     num_kv_heads: int  # local KV heads
     kv_head_start: int  # the first global KV head it keeps
     intermediate_size: int  # local MLP features
+    vocab_size: int  # local vocabulary rows (the vocabulary padded to a multiple of the ranks)
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_size
 
 
 def check_tensor_parallel(config: ModelConfig, world_size: int) -> None:
@@ -89,11 +100,13 @@ def shard_plan(config: ModelConfig, rank: int, world_size: int) -> ShardPlan:
         kv_heads,
         kv_head_start=rank * heads // group,
         intermediate_size=config.intermediate_size // world_size,
+        vocab_size=-(-config.vocab_size // world_size),
     )
 
 
 def shard_config(config: ModelConfig, plan: ShardPlan) -> ModelConfig:
-    """The config of one rank's model: local head counts and MLP width, same head size."""
+    """The config of one rank's model: local head counts, MLP width and vocabulary rows, same
+    head size."""
     moe = config.moe
     if moe is not None:  # every expert keeps the same slice of its features
         n = plan.world_size
@@ -109,6 +122,10 @@ def shard_config(config: ModelConfig, plan: ShardPlan) -> ModelConfig:
         num_heads=plan.num_heads,
         num_kv_heads=plan.num_kv_heads,
         intermediate_size=plan.intermediate_size,
+        # the rank's slice of the vocabulary; special tokens stay the engine's (ModelSource)
+        vocab_size=plan.vocab_size,
+        bos_token_id=None,
+        eos_token_id=None,
         moe=moe,
     )
 
@@ -124,6 +141,25 @@ class ReducedOutput(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.module(x)
+        self.all_reduce(out)
+        return out
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The rank's rows `[start, start + V/N)` of the embedding: ids outside them embed to
+    zeros, and the sum over the ranks is every id's own row (exact: one term is non-zero)."""
+
+    def __init__(self, embedding: nn.Embedding, start: int, all_reduce: AllReduce) -> None:
+        super().__init__()
+        self.weight = embedding.weight
+        self.start = start
+        self.all_reduce = all_reduce
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        local = input_ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        out = nn.functional.embedding(torch.where(inside, local, 0), self.weight)
+        out.masked_fill_(~inside.unsqueeze(-1), 0)
         self.all_reduce(out)
         return out
 
@@ -150,23 +186,31 @@ def shard_decoder(
     rank: int,
     world_size: int,
     all_reduce: AllReduce,
+    all_gather: AllGather,
     backend_cls: type[AttentionBackend],
+    device: torch.device | str | None = None,
     **model_kwargs: Any,
 ) -> DecoderModel:
     """Rank `rank`'s shard of `full`: a model of the local config (attention layers on
-    `backend_cls`) with the full model's weights sliced into it, and row-parallel projections
-    that all-reduce. `model_kwargs` go to `DecoderModel` (`backend_options`)."""
+    `backend_cls`, on `device`, default `full`'s) with the full model's weights sliced into it,
+    row-parallel projections and the embedding that all-reduce, and logits all-gathered over
+    the vocabulary. `model_kwargs` go to `DecoderModel` (`backend_options`)."""
     plan = shard_plan(full.config, rank, world_size)
     local = DecoderModel(
         shard_config(full.config, plan),
         backend_cls,
         dtype=full.dtype,
-        device=full.device,
+        device=full.device if device is None else device,
         **model_kwargs,
     )
     state = full.state_dict()
     for name, param in local.named_parameters():
         param.copy_(_slice(name, state[name], tuple(param.shape), full.config, plan))
+    local.model.embed_tokens = VocabParallelEmbedding(  # type: ignore[assignment]
+        local.model.embed_tokens, plan.vocab_start, all_reduce
+    )
+    vocab = full.config.vocab_size
+    local.gather_logits = lambda logits: all_gather(logits)[..., :vocab]
     for layer in local.model.layers:
         attn, mlp = cast(Any, layer).self_attn, cast(Any, layer).mlp
         attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
@@ -213,7 +257,10 @@ def _slice(
         return full[:, r * shape[1] : (r + 1) * shape[1]]
     if name.endswith("self_attn.sinks"):
         return full[r * plan.num_heads : (r + 1) * plan.num_heads]
-    return full  # replicated: embeddings, norms, routers, the LM head, row-parallel biases
+    if name in ("model.embed_tokens.weight", "lm_head.weight"):  # padded with zero rows
+        rows = full[plan.vocab_start : plan.vocab_start + shape[0]]
+        return torch.cat([rows, rows.new_zeros(shape[0] - len(rows), shape[1])])
+    return full  # replicated: norms, routers, row-parallel biases
 
 
 def _rows(start: int, count: int) -> Callable[[torch.Tensor], torch.Tensor]:

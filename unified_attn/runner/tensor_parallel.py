@@ -34,9 +34,17 @@ from unified_attn.models.tensor_parallel import check_tensor_parallel, shard_dec
 from unified_attn.request import Request
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner
-from unified_attn.runner.model_source import ModelSource, load_model, model_config
+from unified_attn.runner.model_source import (
+    ModelSource,
+    default_dtype,
+    load_model,
+    model_config,
+    select_engine_backend,
+    selector_configs,
+)
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.worker import Worker
+from unified_attn.tensor_specs import as_dtype
 
 TIMEOUT_S = 30  # a collective waiting this long on a silent rank fails
 
@@ -192,20 +200,46 @@ def rank_memory(config: Any, rank: int) -> int | None:
 
 
 def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
-    """Rank `rank`'s model: the full model loaded on its device, cut to its shard."""
+    """Rank `rank`'s model: the full model loaded in host memory (so a model larger than one
+    device can be split), cut to its shard on the rank's device."""
     device = rank_device(config, rank)
-    source = load_model(attrs.evolve(config, device=str(device)))
+    on_device = attrs.evolve(config, device=str(device))
     if world_size == 1:
-        return source
+        return load_model(on_device)
+    dtype = as_dtype(config.dtype) if config.dtype else default_dtype(device)
+    source = load_model(
+        attrs.evolve(on_device, device="cpu", dtype=str(dtype).removeprefix("torch."))
+    )
+    backend_cls = select_engine_backend(
+        selector_configs(model_config(config.model), dtype, on_device), config.backend
+    )
     options = {"batch_invariant": True} if config.batch_invariant else {}
     model = shard_decoder(
-        source.model, rank, world_size, _all_reduce, source.backend_cls, backend_options=options
+        source.model,
+        rank,
+        world_size,
+        _all_reduce,
+        _all_gather,
+        backend_cls,
+        device=device,
+        backend_options=options,
     )
-    return attrs.evolve(source, model=model)
+    return attrs.evolve(source, model=model, backend_cls=backend_cls)
 
 
 def _all_reduce(tensor: torch.Tensor) -> None:
     dist.all_reduce(tensor)
+
+
+def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """`[..., n]` on every rank -> `[..., world_size * n]`, the ranks' parts in rank order."""
+    world = dist.get_world_size()
+    parts = torch.empty((world, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    if dist.get_backend() == "nccl":
+        dist.all_gather_into_tensor(parts, tensor.contiguous())
+    else:
+        dist.all_gather(list(parts.unbind(0)), tensor.contiguous())
+    return torch.cat(parts.unbind(0), dim=-1)
 
 
 def agree_on_blocks(worker: Worker, control: Any) -> tuple[int, list[int]]:
