@@ -1,12 +1,14 @@
 """Tensor parallelism on CUDA: N ranks against one device, same model, same memory fraction.
 
-    python benchmarks/tensor_parallel.py [--size 2] [--batch 64] [--quick]
+    python benchmarks/tensor_parallel.py [--size 2] [--batch 64 256] [--quick]
 
 For TP=1, then TP=N (each engine shut down and freed before the next): prompt logits of 4
-prompts (bf16: the ranks sum partial projections in another order, so they differ within bf16
-rounding), the KV cache each rank allocated at `--gpu-memory-utilization` (blocks per rank and
-capacity in tokens), and decode throughput at batch `--batch`: the time of generating
+prompts, the KV cache each rank allocated at `--gpu-memory-utilization` (blocks per rank and
+capacity in tokens), and decode throughput at each batch of `--batch`: the time of generating
 `--max-tokens` tokens minus the time of generating 1 (the prefill), each after a warm-up run.
+The logits' tolerance is bf16's own: the ranks sum partial projections in another order, so
+both bf16 runs are compared with a float32 run of one device, and TP=N should be as far from it
+as TP=1 is.
 Model: `bench-llama-1b` (1.2B random Llama, see speculative.py), bf16, Triton, CUDA graphs;
 `tiny-llama` on CPU with `--quick`. Writes `<out>/tensor_parallel.json`.
 """
@@ -55,26 +57,47 @@ def timed(engine: LLMEngine, batch: list[list[int]], max_tokens: int) -> float:
     return time.perf_counter() - start
 
 
-def measure(args: argparse.Namespace, size: int) -> dict[str, Any]:
-    engine = LLMEngine(
+def make_engine(args: argparse.Namespace, size: int, **options: Any) -> LLMEngine:
+    gc.collect()  # the previous engine's cache and graphs
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return LLMEngine(
         args.model,
         device=args.device,
         tensor_parallel_size=size,
-        max_num_seqs=args.batch,
+        max_num_seqs=max(args.batch),
         max_model_len=2048,
         max_num_batched_tokens=8192,
         gpu_memory_utilization=args.gpu_memory_utilization,
         **args.memory,
+        **options,
     )
+
+
+def prompt_logits(engine: LLMEngine) -> list[torch.Tensor]:
+    probe = prompts(4, 96, engine.vocab_size, seed=1)
+    outs = engine.generate(probe, SamplingParams(max_tokens=1, prompt_logits=True))
+    return [o.prompt_logits.float() for o in outs]
+
+
+def decode_speed(engine: LLMEngine, args: argparse.Namespace, batch_size: int) -> dict[str, Any]:
+    batch = prompts(batch_size, args.prompt_len, engine.vocab_size, seed=2)
+    prefill_s = timed(engine, batch, 1)
+    total_s = timed(engine, batch, args.max_tokens)
+    decode_tokens = batch_size * (args.max_tokens - 1)
+    return {
+        "batch": batch_size,
+        "prefill_s": prefill_s,
+        "decode_s": total_s - prefill_s,
+        "decode_tokens_per_s": decode_tokens / (total_s - prefill_s),
+    }
+
+
+def measure(args: argparse.Namespace, size: int) -> dict[str, Any]:
+    engine = make_engine(args, size)
     try:
-        vocab = engine.vocab_size
-        probe = prompts(4, 96, vocab, seed=1)
-        outs = engine.generate(probe, SamplingParams(max_tokens=1, prompt_logits=True))
-        logits = [o.prompt_logits.float() for o in outs]
-        batch = prompts(args.batch, args.prompt_len, vocab, seed=2)
-        prefill_s = timed(engine, batch, 1)
-        total_s = timed(engine, batch, args.max_tokens)
-        decode_tokens = args.batch * (args.max_tokens - 1)
+        logits = prompt_logits(engine)
+        decode = [decode_speed(engine, args, b) for b in args.batch]
         report = engine.kv_cache_report
         return {
             "tensor_parallel_size": size,
@@ -83,17 +106,24 @@ def measure(args: argparse.Namespace, size: int) -> dict[str, Any]:
             "capacity_tokens": report.capacity_tokens,
             "bytes_per_block": report.bytes_per_block,
             "cuda_graphs": engine.runner.graphs is not None,
-            "prefill_s": prefill_s,
-            "decode_s": total_s - prefill_s,
-            "decode_tokens_per_s": decode_tokens / (total_s - prefill_s),
+            "decode": decode,
             "_logits": logits,
         }
     finally:
-        engine.shutdown()
-        del engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release(engine)
+
+
+def float32_logits(args: argparse.Namespace) -> list[torch.Tensor]:
+    """The float32 logits of one device: the yardstick of bf16 rounding."""
+    engine = make_engine(args, 1, dtype="float32")
+    try:
+        return prompt_logits(engine)
+    finally:
+        release(engine)
+
+
+def release(engine: LLMEngine) -> None:
+    engine.shutdown()  # stops the other ranks; `make_engine` frees this one's memory
 
 
 def compare_logits(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, float]:
@@ -112,7 +142,8 @@ def compare_logits(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict[str, fl
 def run(args: argparse.Namespace) -> dict[str, Any]:
     one = measure(args, 1)
     many = measure(args, args.size)
-    logits = compare_logits(one.pop("_logits"), many.pop("_logits"))
+    a, b = one.pop("_logits"), many.pop("_logits")
+    exact = float32_logits(args)
     return {
         "benchmark": "tensor_parallel",
         "command": command_line("tensor_parallel.py", args.argv),
@@ -121,37 +152,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "device": args.device,
         "params": {
-            "batch": args.batch,
+            "batches": args.batch,
             "prompt_len": args.prompt_len,
             "max_tokens": args.max_tokens,
             "gpu_memory_utilization": args.gpu_memory_utilization,
         },
         "tp1": one,
         f"tp{args.size}": many,
-        "prompt_logits": logits,
-        "decode_speedup": many["decode_tokens_per_s"] / one["decode_tokens_per_s"],
+        "prompt_logits": compare_logits(a, b),
+        "prompt_logits_vs_float32": {
+            "tp1": compare_logits(exact, a),
+            f"tp{args.size}": compare_logits(exact, b),
+        },
+        "decode_speedup": {
+            str(x["batch"]): y["decode_tokens_per_s"] / x["decode_tokens_per_s"]
+            for x, y in zip(one["decode"], many["decode"], strict=True)
+        },
         "capacity_ratio_per_gpu": many["capacity_tokens"] / one["capacity_tokens"],
     }
 
 
 def print_table(report: dict[str, Any], size: int) -> None:
+    batches = report["params"]["batches"]
     out = table(
         f"tensor parallelism, {report['model']} on {report['device']}",
-        ["ranks", "blocks per rank", "capacity (tokens)", f"decode tok/s (batch "
-         f"{report['params']['batch']})"],
+        ["ranks", "blocks per rank", "capacity (tokens)",
+         *[f"decode tok/s (batch {b})" for b in batches]],
     )  # fmt: skip
     for key in ("tp1", f"tp{size}"):
         row = report[key]
         out.add_row(str(row["tensor_parallel_size"]), str(row["rank_num_blocks"]),
-                    f"{row['capacity_tokens']:,}", f"{row['decode_tokens_per_s']:.0f}")  # fmt: skip
+                    f"{row['capacity_tokens']:,}",
+                    *[f"{d['decode_tokens_per_s']:.0f}" for d in row["decode"]])  # fmt: skip
     console = make_console(110)
     console.print(out)
-    lg = report["prompt_logits"]
+    speedups = ", ".join(f"{v:.2f}x at batch {k}" for k, v in report["decode_speedup"].items())
+    lg, fp = report["prompt_logits"], report["prompt_logits_vs_float32"]
     console.print(
-        f"decode {report['decode_speedup']:.2f}x, capacity per GPU "
-        f"{report['capacity_ratio_per_gpu']:.2f}x; prompt logits max |diff| "
-        f"{lg['max_abs_diff']:.3g} (mean {lg['mean_abs_diff']:.3g}, logits up to "
-        f"{lg['max_abs_logit']:.3g}), argmax agreement {lg['argmax_agreement']:.1%}"
+        f"decode {speedups}; capacity per GPU {report['capacity_ratio_per_gpu']:.2f}x; prompt "
+        f"logits TP{size} vs TP1 max |diff| {lg['max_abs_diff']:.3g} (logits up to "
+        f"{lg['max_abs_logit']:.3g}, argmax agreement {lg['argmax_agreement']:.1%}); against "
+        f"float32: TP1 {fp['tp1']['max_abs_diff']:.3g} (mean {fp['tp1']['mean_abs_diff']:.3g}), "
+        f"TP{size} {fp[f'tp{size}']['max_abs_diff']:.3g} "
+        f"(mean {fp[f'tp{size}']['mean_abs_diff']:.3g})"
     )
 
 
@@ -159,7 +202,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny-llama on CPU, short runs")
     parser.add_argument("--size", type=int, default=2, help="tensor_parallel_size to compare")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.8)
@@ -169,7 +212,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.model, args.device, args.memory = BENCH_MODEL, "cuda", {"kv_cache_memory": None}
     if args.quick:
         args.model, args.device, args.memory = "tiny-llama", "cpu", {"kv_cache_memory": "16MiB"}
-        args.batch, args.max_tokens, args.prompt_len = min(args.batch, 4), 8, 32
+        args.batch, args.max_tokens, args.prompt_len = [min(b, 4) for b in args.batch], 8, 32
     return args
 
 

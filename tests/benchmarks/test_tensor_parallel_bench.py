@@ -17,4 +17,8 @@ def test_quick_mode_compares_two_ranks_with_one_device(bench, tmp_path):
     assert data["capacity_ratio_per_gpu"] == 2.0  # a rank holds half the KV heads
     assert data["prompt_logits"]["argmax_agreement"] == 1.0  # float32 on the CPU
     assert data["prompt_logits"]["max_abs_diff"] < 1e-4
-    assert data["decode_speedup"] > 0
+    fp = data["prompt_logits_vs_float32"]
+    assert fp["tp1"]["max_abs_diff"] == 0.0  # the run is float32: its own yardstick
+    assert fp["tp2"]["max_abs_diff"] < 1e-4
+    assert [d["batch"] for d in data["tp2"]["decode"]] == [4, 4]
+    assert all(v > 0 for v in data["decode_speedup"].values())

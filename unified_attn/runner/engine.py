@@ -512,6 +512,7 @@ class LLMEngine(KVCacheAccess):
         """Stop the other tensor-parallel ranks and leave their process group (nothing to do
         on one device). The engine cannot step afterwards."""
         if self._tp is not None:
+            self.runner.graphs = None  # graphs hold the group's captured collectives
             self._tp.shutdown()
 
     def _count(

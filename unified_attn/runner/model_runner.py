@@ -183,9 +183,11 @@ class ModelRunner:
             )
             self.graphs.capture()
 
-    def execute(self, output: SchedulerOutput) -> StepResult:
+    def execute(self, output: SchedulerOutput, sample: bool = True) -> StepResult:
         """Run one step: sampled tokens of requests that reached their end, and what they asked
-        for through `SamplingParams.logprobs`, `prompt_logits` and `return_logits`."""
+        for through `SamplingParams.logprobs`, `prompt_logits` and `return_logits`. With
+        `sample=False` (tensor-parallel ranks other than 0, whose tokens are not used) the
+        forward runs, with its collectives, and nothing is sampled."""
         preempted = {r.request_id for r in output.preempted}
         for request_id in output.finished_ids:
             self.block_tables.drop(request_id)
@@ -196,7 +198,7 @@ class ModelRunner:
             return result
         inputs = self.prepare_inputs(output)
         logits = self._logits(output, inputs, result)
-        if logits is not None:
+        if logits is not None and sample:
             self._sample(output, logits, result)
         return result
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 import queue
 import socket
 import threading
@@ -312,7 +313,8 @@ def _join_group(config: Any, rank: int, world_size: int, port: int) -> Any:
 
 def _rank_main(config: Any, rank: int, world_size: int, port: int, errors: Any) -> None:
     """Ranks 1..N-1: build the shard, agree on the block count, then run every step rank 0
-    broadcasts until it sends `None`."""
+    broadcasts until it sends `None`; then leave the group and end the process."""
+    code = 0
     try:
         if torch.device(config.device).type == "cpu":
             torch.set_num_threads(1)  # ranks share the host's cores
@@ -328,13 +330,28 @@ def _rank_main(config: Any, rank: int, world_size: int, port: int, errors: Any) 
             dist.broadcast_object_list(box, src=0, group=control)
             if box[0] is None:
                 break
-            runner.execute(replica.output(box[0]))
+            runner.execute(replica.output(box[0]), sample=False)  # rank 0 samples
+        runner.graphs = None
     except BaseException as error:  # report to rank 0, which names this rank
         errors.put((rank, f"{type(error).__name__}: {error}", traceback.format_exc(limit=4)))
-        raise SystemExit(1) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        code = 1
+    leave_group()
+    # The process ends here: a NCCL group that could not be left must not hold it open.
+    os._exit(code)
+
+
+def leave_group(timeout_s: float = 10.0) -> bool:
+    """`destroy_process_group`, bounded: NCCL's teardown can wait forever once CUDA graphs
+    captured its collectives (pytorch/pytorch#115388), and a peer that died never answers.
+    True when the group was left."""
+    if not dist.is_initialized():
+        return True
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    leave = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    leave.start()
+    leave.join(timeout_s)
+    return not leave.is_alive()
 
 
 class TensorParallelGroup:
@@ -345,7 +362,8 @@ class TensorParallelGroup:
         if dist.is_initialized():
             raise ValueError(
                 "tensor_parallel_size > 1: this process already belongs to a torch.distributed "
-                "group (another tensor-parallel engine?); shut that engine down first"
+                "group (another tensor-parallel engine?); shut that engine down first, or on "
+                "CUDA, whose group may not be left once graphs captured it, use a new process"
             )
         self.world_size = n = config.tensor_parallel_size
         port = _free_port()
@@ -361,6 +379,7 @@ class TensorParallelGroup:
             process.start()
         self.mirror = Mirror()
         self.closed = False
+        self.left_group = False  # False after shutdown: this process cannot start another group
         self.control: Any = None
         try:
             self.control = _join_group(config, 0, n, port)
@@ -402,19 +421,17 @@ class TensorParallelGroup:
         if graceful and dist.is_initialized():
             try:
                 self._send(None)
-                # the ranks leave the group as they stop: NCCL's teardown waits for all of them
-                dist.destroy_process_group()
             except Exception:  # a rank is gone: terminate below
                 graceful = False
+        if graceful:  # the ranks leave the group as they stop; NCCL's teardown waits for all
+            self.left_group = leave_group()
         for process in self.processes:
             process.join(timeout=10 if graceful else 0.5)
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)
-        if dist.is_initialized():  # after a failure: the peers are gone, never wait on them
-            leave = threading.Thread(target=dist.destroy_process_group, daemon=True)
-            leave.start()
-            leave.join(timeout=10)
+        if not graceful:  # after a failure: the peers are gone, never wait on them for long
+            self.left_group = leave_group()
 
     @property
     def pids(self) -> Sequence[int | None]:
