@@ -26,6 +26,7 @@ _BUILTIN_MODULES = (
     "unified_attn.backends.reference",
     "unified_attn.backends.triton",
     "unified_attn.backends.linear_state",
+    "unified_attn.backends.mla",
 )
 
 
@@ -47,7 +48,8 @@ class SelectorConfig:
     attn_type: AttentionType = AttentionType.DECODER
     device: str = "cpu"
     use_batch_invariant: bool = attrs.field(factory=batch_invariant_from_env)
-    # What the layer computes: "attention" (softmax attention over a KV cache) or a kind of
+    # What the layer computes: "attention" (softmax attention over a KV cache), "mla"
+    # (multi-head latent attention over a latent cache, DeepSeek-V2/V3) or a kind of
     # recurrent-state layer ("linear_state"); a backend serves the kinds in its `layer_kinds`.
     layer_kind: str = "attention"
 

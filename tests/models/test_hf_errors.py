@@ -18,6 +18,8 @@ SUPPORTED = [
     "BartModel",
     "BertForMaskedLM",
     "BertModel",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "GptOssForCausalLM",

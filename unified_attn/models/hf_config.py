@@ -81,9 +81,23 @@ ENCODER_ARCHITECTURES = {
 ENCODER_MODEL_TYPES = {"bert": "bert", "bart": "bart"}
 
 
+# DeepSeek's multi-head latent attention decoders (`deepseek.py`, `load_deepseek`): -> version.
+MLA_ARCHITECTURES = {"DeepseekV2ForCausalLM": "v2", "DeepseekV3ForCausalLM": "v3"}
+MLA_MODEL_TYPES = {"deepseek_v2": "v2", "deepseek_v3": "v3"}
+
+
+def mla_version(hf: HFConfig) -> str | None:
+    """The DeepSeek version ("v2" or "v3") when `config.json` names a DeepSeek MLA architecture
+    (or, without `architectures`, its model type), else None."""
+    archs = hf.get("architectures")
+    if archs:
+        return MLA_ARCHITECTURES.get(archs[0])
+    return MLA_MODEL_TYPES.get(hf.get("model_type", ""))
+
+
 def supported_architectures() -> list[str]:
     """The `architectures` entries of `config.json` that load, sorted (for the CLI's listing)."""
-    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES])
+    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES, *MLA_ARCHITECTURES])
 
 
 def encoder_family(hf: HFConfig) -> str | None:
@@ -144,6 +158,13 @@ def _common_fields(hf: HFConfig, name: str) -> dict[str, Any]:
 
 def architecture_of(hf: HFConfig) -> str:
     """The supported architecture `config.json` names (or its `model_type` implies)."""
+    if mla_version(hf) is not None:
+        raise ValueError(
+            f"{(hf.get('architectures') or [hf.get('model_type')])[0]} is a DeepSeek "
+            "latent-attention model, not a Llama-family decoder: load it with "
+            "unified_attn.models.deepseek.load_deepseek (LLMEngine and `unified-attn run "
+            "--model DIR` do so)"
+        )
     archs = hf.get("architectures") or [MODEL_TYPES.get(hf.get("model_type", ""))]
     supported = ", ".join(supported_architectures())
     if archs[0] is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
+from unified_attn.models.deepseek import DeepseekConfig
 
 # Byte tokenizer layout shared by the presets: ids 0..255 are bytes, then the specials.
 BYTE_BOS_ID = 256
@@ -110,6 +111,46 @@ PRESETS: dict[str, ModelConfig] = {
     "llama4-like": _LLAMA4_LIKE,
     "hybrid-linear": _HYBRID_LINEAR,
     "streaming-llm": _STREAMING_LLM,
+}
+
+
+# DeepSeek-V3's shape at tiny-llama's scale: MLA (q_lora_rank 64, a 32 + 16 latent per token,
+# no-RoPE 32 and value 32 per head), YaRN with mscale, the first layer dense, then DeepSeekMoE
+# (8 routed experts in 2 groups, 1 group and 2 experts per token, 1 shared expert). Not a
+# `ModelConfig` (those are Llama-family decoders): `DeepseekForCausalLM` builds it.
+MLA_PRESETS: dict[str, DeepseekConfig] = {
+    "deepseek-v3-like": DeepseekConfig(
+        name="deepseek-v3-like",
+        version="v3",
+        vocab_size=384,
+        hidden_size=128,
+        intermediate_size=352,
+        moe_intermediate_size=64,
+        num_layers=4,
+        num_heads=4,
+        q_lora_rank=64,
+        kv_lora_rank=32,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        first_k_dense_replace=1,
+        rope_scaling=RopeScaling(
+            rope_type="yarn",
+            factor=4.0,
+            original_max_position_embeddings=512,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+        ),
+        max_position_embeddings=2048,
+        bos_token_id=BYTE_BOS_ID,
+        eos_token_ids=(BYTE_EOS_ID,),
+    ),
 }
 
 

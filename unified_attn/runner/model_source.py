@@ -24,6 +24,7 @@ from unified_attn.legacy_adapter import (
     resolve_any_backend,
 )
 from unified_attn.models import (
+    MLA_PRESETS,
     PRESETS,
     ByteTokenizer,
     DecoderModel,
@@ -34,8 +35,14 @@ from unified_attn.models import (
 )
 from unified_attn.models.bart import BartConfig
 from unified_attn.models.bert import BertConfig
+from unified_attn.models.deepseek import (
+    DeepseekConfig,
+    DeepseekForCausalLM,
+    deepseek_config_from_hf,
+    load_deepseek,
+)
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
-from unified_attn.models.hf_config import encoder_family
+from unified_attn.models.hf_config import encoder_family, mla_version
 from unified_attn.models.hf_encoders import (
     bart_config_from_hf,
     bert_config_from_hf,
@@ -75,7 +82,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-AnyModelConfig = ModelConfig | BertConfig | BartConfig
+AnyModelConfig = ModelConfig | BertConfig | BartConfig | DeepseekConfig
 # (head size, window, chunk, learned sinks, attention type): what selection needs of a layer
 AttentionKind = tuple[int, int | None, int | None, bool, AttentionType]
 
@@ -85,6 +92,8 @@ def attention_kinds(config: AnyModelConfig) -> list[AttentionKind]:
     in `DecoderModel`)."""
     if isinstance(config, BertConfig):
         return [(config.head_size, None, None, False, AttentionType.ENCODER_ONLY)]
+    if isinstance(config, DeepseekConfig):  # one latent per token (layer kind "mla")
+        return [(config.latent_size, None, None, False, AttentionType.DECODER)]
     if isinstance(config, BartConfig):
         return [
             (config.encoder_head_size, None, None, False, AttentionType.ENCODER),
@@ -116,6 +125,7 @@ def selector_configs(
             attn_type=attn_type,
             device=engine.device,
             use_batch_invariant=invariant,
+            layer_kind="mla" if isinstance(config, DeepseekConfig) else "attention",
         )
         for head_size, window, chunk, sinks, attn_type in attention_kinds(config)
     ]
@@ -135,6 +145,8 @@ def load_model(engine: Any) -> ModelSource:
             engine, config, backend_cls, dtype, device, options
         )
         return _encoder_source(encoder_model, encoder_tokenizer, backend_cls, config, max_model_len)
+    if isinstance(config, DeepseekConfig):
+        return _deepseek_source(engine, config, backend_cls, dtype, device, options, max_model_len)
     if engine.model in PRESETS:
         model = DecoderModel(
             config, backend_cls, dtype=dtype, device=device, backend_options=options
@@ -146,6 +158,32 @@ def load_model(engine: Any) -> ModelSource:
             checkpoint_path(engine.model), backend_cls, dtype=dtype, device=device,
             backend_options=options,
         )  # fmt: skip
+    return ModelSource(
+        model, tokenizer, backend_cls, config.vocab_size, max_model_len, config.eos_token_ids
+    )
+
+
+def _deepseek_source(
+    engine: Any,
+    config: DeepseekConfig,
+    backend_cls: type[AttentionBackend],
+    dtype: torch.dtype,
+    device: torch.device,
+    options: dict[str, Any],
+    max_model_len: int,
+) -> ModelSource:
+    """A DeepSeek-V2/V3 preset (random weights, byte tokenizer) or checkpoint."""
+    if engine.model in MLA_PRESETS:
+        model = DeepseekForCausalLM(
+            config, backend_cls, dtype=dtype, device=device, backend_options=options
+        )
+        model.init_random_weights(engine.seed)
+        tokenizer: Any = ByteTokenizer(config.bos_token_id, config.eos_token_ids[0])
+    else:
+        path = checkpoint_path(engine.model)
+        model, tokenizer = load_deepseek(
+            path, backend_cls, dtype=dtype, device=device, backend_options=options
+        )
     return ModelSource(
         model, tokenizer, backend_cls, config.vocab_size, max_model_len, config.eos_token_ids
     )
@@ -192,9 +230,13 @@ def model_config(model: str) -> AnyModelConfig:
     """The config of a preset or of a Hugging Face checkpoint directory."""
     if model in PRESETS:
         return get_preset(model)
+    if model in MLA_PRESETS:
+        return MLA_PRESETS[model]
     path = checkpoint_path(model)
     if path.is_dir():
         hf = read_hf_config(path)
+        if mla_version(hf) is not None:
+            return deepseek_config_from_hf(hf, name=path.name)
         family = encoder_family(hf)
         if family == "bert":
             return bert_config_from_hf(hf, name=path.name)
@@ -202,8 +244,8 @@ def model_config(model: str) -> AnyModelConfig:
             return bart_config_from_hf(hf, name=path.name)
         return config_from_hf(hf, name=path.name)
     raise ValueError(
-        f"model {model!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a "
-        "checkpoint directory; see `unified-attn models`"
+        f"model {model!r} is neither a preset ({', '.join(sorted([*PRESETS, *MLA_PRESETS]))}) "
+        "nor a checkpoint directory; see `unified-attn models`"
     )
 
 
@@ -353,10 +395,23 @@ def describe_model(config: ModelConfig) -> dict[str, Any]:
     }
 
 
+def describe_mla_model(config: DeepseekConfig) -> dict[str, Any]:
+    """`describe_model`'s row for a DeepSeek model: its MLP pattern and latent width."""
+    dense, moe = config.first_k_dense_replace, config.num_layers - config.first_k_dense_replace
+    return {
+        "name": config.name,
+        "layers": config.num_layers,
+        "layer_kinds": f"mla x{config.num_layers} (dense MLP x{dense}, MoE x{moe})",
+        "heads": f"{config.num_heads} / latent {config.kv_lora_rank} + {config.qk_rope_head_dim}",
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+
+
 def describe_models() -> dict[str, Any]:
     """The presets (with their layer kinds) and the Hugging Face architectures a checkpoint
     directory may have."""
     return {
-        "presets": [describe_model(config) for config in PRESETS.values()],
+        "presets": [describe_model(config) for config in PRESETS.values()]
+        + [describe_mla_model(config) for config in MLA_PRESETS.values()],
         "architectures": supported_architectures(),
     }

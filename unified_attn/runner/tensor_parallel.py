@@ -161,8 +161,9 @@ def check_options(config: Any) -> None:
     model = model_config(config.model)
     if not isinstance(model, ModelConfig):
         raise ValueError(
-            f"tensor_parallel_size={n}: {config.model!r} is an encoder model; tensor "
-            "parallelism serves decoder-only models"
+            f"tensor_parallel_size={n}: {config.model!r} is a {type(model).__name__} model; "
+            "tensor parallelism serves the Llama-family decoders (not encoder models or "
+            "DeepSeek MLA yet); run it on one device"
         )
     check_tensor_parallel(model, n)
     if config.speculative_method is not None:

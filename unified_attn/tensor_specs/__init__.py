@@ -1,7 +1,15 @@
 """KV-cache tensor specs: page bytes per layer and strided views over one flat byte buffer."""
 
 from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
+from unified_attn.tensor_specs.latent import LatentKVSpec
 from unified_attn.tensor_specs.paged import PagedKVSpec
 from unified_attn.tensor_specs.state import StateSpec
 
-__all__ = ["KVCacheTensorSpec", "PagedKVSpec", "StateSpec", "as_dtype", "typed_view"]
+__all__ = [
+    "KVCacheTensorSpec",
+    "LatentKVSpec",
+    "PagedKVSpec",
+    "StateSpec",
+    "as_dtype",
+    "typed_view",
+]

@@ -1,0 +1,478 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) through the unified contract: the reference
+backend, plain torch on any device.
+
+**Cache.** One latent vector per token serves as key and value of every head:
+`[c_kv (kv_lora_rank = L), k_pe (qk_rope_head_dim = R)]`, stored by `LatentKVSpec(L + R)` as
+`[num_blocks, block_size, L + R]` under the full-attention manager (sliding window when the
+backend has one). The backend is built with `num_kv_heads=1`, `head_size=L + R` and the
+option `kv_lora_rank=L`; its layers' `LayerConfig` have `num_kv_heads=1`, `head_size=L + R`,
+`num_heads=H` and `scale` = the model's softmax scale (`qk_head_dim ** -0.5`, times YaRN's
+`mscale ** 2` where the model has one).
+
+**`forward(layer, output, query, key, value, *, kv_b_proj)`**, with N = `qk_nope_head_dim`,
+V = `v_head_dim`:
+
+- `query [T, H, N + R]` (or `[T, H * (N + R)]`): per-head queries, the no-RoPE part `q_nope`
+  first, then `q_pe` with RoPE applied.
+- `key [T, L + R]` (or `[T, 1, L + R]`): the new latent entries, `kv_a_layernorm(c_kv)` then the
+  roped `k_pe`; written into the cache at the group's slot mapping (slot -1: nothing written).
+- `value`: not read (the latent is the value too); pass `key` again. It must have key's shape
+  and dtype.
+- `output [T, H * V]` (or `[T, H, V]`): filled and returned.
+- `kv_b_proj [H * (N + V), L]`: the layer's up-projection weight (transformers' `kv_b_proj.weight`).
+  Viewed as `[H, N + V, L]` it splits, without a copy, into `W_UK [H, N, L]` (rows `:N`) and
+  `W_UV [H, L, V]` (rows `N:`, transposed).
+
+**Math.** Head h's key of token s is `[W_UK[h] @ c_s, k_pe_s]` and its value `W_UV[h]^T c_s`.
+*Absorbed* rows fold `W_UK` into the query instead, `q_abs = [q_nope @ W_UK, q_pe] [T, H, L + R]`,
+attend over the latent cache directly (the same scores: `q_nope . (W_UK c) = (q_nope W_UK) . c`),
+get a latent output `[T, H, L]` (the probability-weighted sum of `c`) and project it once with
+`W_UV` to `[T, H, V]`. *Up-projected* rows expand every cached latent of their request to per-head
+K `[S, H, N + R]` and V `[S, H, V]` and attend causally, as a plain MHA prefill.
+
+Here decode rows (query length 1) are absorbed, longer rows (prefill, chunked prefill, draft
+verification) up-projected; a subclass setting `absorb_prefill = True` sends every row through
+the absorbed path in one call (the same math; up-projection is the faster choice for long
+prefills on real hardware, absorption for decode).
+
+**Seams for a kernel backend.** A subclass replaces only these two methods:
+
+- `write_latent(latent [T, L + R], cache [N_blocks, bs, L + R], slot_mapping [T] int64)`;
+- `absorbed_attention(q_abs [T, H, L + R], cache, block_table [B, max_blocks] int32,
+  query_start_loc [B + 1] int32, seq_lens [B] int32, scale, out [T, H, L])`: causal over any
+  query lengths (the token at absolute position p sees keys 0..p); rows past
+  `query_start_loc[B]` are padding. It takes no window: this backend passes its own
+  `sliding_window` to `reference_absorbed_attention`, and a subclass whose kernel has none must
+  refuse windows in `validate_configuration`.
+
+The plain-torch versions, `reference_write_latent` and `reference_absorbed_attention`, only read
+device tensors (no host sync) and serve as the kernels' test oracles.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CacheConfig,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
+from unified_attn.backends.reference import attention_mask
+from unified_attn.managers import FullAttentionManager, SlidingWindowManager
+from unified_attn.selector import SelectorConfig, register_backend
+from unified_attn.tensor_specs import LatentKVSpec
+
+
+@attrs.frozen
+class MLAGroupIndex:
+    """Where one KV-cache group's layers write and read in a step (device tensors)."""
+
+    slot_mapping: torch.Tensor  # [T] int64 slot of each new token, -1 = padding
+    block_table: torch.Tensor  # [Ba, max_blocks] int32: rows of the absorbed requests
+    # up-projected request -> (block id [S_i], offset [S_i]) of each of its key positions
+    prefill_keys: dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+@attrs.frozen
+class MLAPlan:
+    """One step: the absorbed requests as one batch, the others one by one."""
+
+    absorbed_tokens: torch.Tensor | None  # device [Ta] int64 token rows; None = every row
+    absorbed_qsl: torch.Tensor  # device [Ba + 1] int32 query start of each absorbed request
+    absorbed_seq_lens: torch.Tensor  # device [Ba] int32
+    prefill: list[tuple[int, int, int, int]]  # host: (request, first row, end row, computed)
+    groups: dict[int, MLAGroupIndex]  # KV-cache group id -> its indices
+
+
+@register_backend(priority={"cpu": 100, "cuda": 10})
+class MLAReferenceBackend(AttentionBackend[MLAPlan]):
+    name = "mla-reference"
+    layer_kinds = ("mla",)
+    # True: every row through `absorbed_attention` (one call per layer and step).
+    absorb_prefill: ClassVar[bool] = False
+
+    def __init__(self, *, kv_lora_rank: int, num_kv_heads: int = 1, **kwargs: Any) -> None:
+        super().__init__(num_kv_heads=num_kv_heads, **kwargs)
+        problems = construction_problems(self, kv_lora_rank)
+        if problems:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = self.head_size - kv_lora_rank
+
+    @classmethod
+    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
+        reasons = []
+        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
+            reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
+        if cfg.attn_type != AttentionType.DECODER:
+            reasons.append(f"MLA layers are causal decoder layers, not {cfg.attn_type.value}")
+        if cfg.attention_chunk_size is not None:
+            reasons.append("chunked local attention is not supported")
+        if cfg.has_sinks:
+            reasons.append("learned sinks are not supported")
+        return reasons
+
+    def get_cache_config(self) -> CacheConfig:
+        spec = LatentKVSpec(self.head_size, self.kv_cache_dtype)
+        if self.sliding_window is not None:
+            config = SlidingWindowManager.Config(sliding_window=self.sliding_window)
+            return SlidingWindowManager, config, spec
+        return FullAttentionManager, FullAttentionManager.Config(), spec
+
+    def check_layer(self, layer: LayerConfig) -> None:
+        super().check_layer(layer)
+        if layer.logits_soft_cap is not None:
+            raise ValueError(
+                f"layer {layer.name}: logits_soft_cap={layer.logits_soft_cap} is not supported "
+                "by MLA backends; give the layer logits_soft_cap=None"
+            )
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def prep_forward(
+        self,
+        common: CommonAttentionMetadata,
+        block_tables: dict[int, torch.Tensor],
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        num_reqs = common.num_reqs
+        qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
+        seq_lens = common.seq_lens_cpu.tolist()[:num_reqs]
+        computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
+        lens = [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
+        long_rows = [] if self.absorb_prefill else [i for i in range(num_reqs) if lens[i] > 1]
+        prefill = [(i, qsl[i], qsl[i + 1], computed[i]) for i in long_rows]
+        absorbed = None if self.absorb_prefill else [i for i in range(num_reqs) if lens[i] == 1]
+        gids = set(self.group_of_layer.values())
+        self.plan = MLAPlan(
+            *self._absorbed_batch(common, absorbed, qsl, seq_lens),
+            prefill=prefill,
+            groups={
+                gid: self._group_index(common, gid, block_tables[gid], absorbed, prefill, seq_lens)
+                for gid in gids
+            },
+        )
+
+    @staticmethod
+    def _absorbed_batch(
+        common: CommonAttentionMetadata,
+        absorbed: list[int] | None,
+        qsl: list[int],
+        seq_lens: list[int],
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """(token rows, query start loc, sequence lengths) of the absorbed requests: the
+        runner's own tensors when every request is absorbed."""
+        if absorbed is None:
+            return None, common.query_start_loc, common.seq_lens
+        device = common.positions.device
+        tokens = torch.tensor([qsl[i] for i in absorbed], dtype=torch.long, device=device)
+        starts = torch.arange(len(absorbed) + 1, dtype=torch.int32, device=device)
+        lens = torch.tensor([seq_lens[i] for i in absorbed], dtype=torch.int32, device=device)
+        return tokens, starts, lens
+
+    def _group_index(
+        self,
+        common: CommonAttentionMetadata,
+        gid: int,
+        block_table: torch.Tensor,
+        absorbed: list[int] | None,
+        prefill: list[tuple[int, int, int, int]],
+        seq_lens: list[int],
+    ) -> MLAGroupIndex:
+        device = common.positions.device
+        bs = self._block_size(gid)
+        table = block_table.cpu().long()
+        prefill_keys = {}
+        for i, *_ in prefill:
+            pos = torch.arange(seq_lens[i])
+            prefill_keys[i] = (table[i, pos // bs].to(device), (pos % bs).to(device))
+        rows = block_table if absorbed is None else block_table[absorbed]
+        return MLAGroupIndex(common.slot_mappings[gid], rows, prefill_keys)
+
+    def _block_size(self, gid: int) -> int:
+        """Tokens per block of group `gid`, read off a bound cache view."""
+        for name, group in self.group_of_layer.items():
+            if group == gid:
+                return int(self.kv_caches[name].shape[1])
+        raise KeyError(f"no layer of this backend is in KV-cache group {gid}")
+
+    def forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        q, latent, out, w_uk, w_uv = self.check_mla_inputs(
+            layer, output, query, key, value, kwargs.get("kv_b_proj")
+        )
+        plan = self.current_plan()
+        index = plan.groups[self.group_of_layer[layer.name]]
+        cache = self.kv_caches[layer.name]  # [num_blocks, block_size, L + R]
+        slots = index.slot_mapping
+        self.write_latent(latent[: slots.shape[0]], cache, slots)
+        self._absorbed_rows(layer, out, q, cache, index, plan, w_uk, w_uv)
+        for request, start, end, computed in plan.prefill:
+            blocks, offsets = index.prefill_keys[request]
+            out[start:end] = up_projected_attention(
+                layer, q[start:end], cache[blocks, offsets], computed, w_uk, w_uv
+            )
+        return output
+
+    def _absorbed_rows(
+        self,
+        layer: LayerConfig,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        cache: torch.Tensor,
+        index: MLAGroupIndex,
+        plan: MLAPlan,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+    ) -> None:
+        """Absorb, attend over the latent cache, project the latent output with W_UV."""
+        tokens = plan.absorbed_tokens
+        if tokens is not None and tokens.shape[0] == 0:
+            return
+        q_rows = q if tokens is None else q[tokens]
+        q_abs = absorb_query(q_rows, w_uk)  # [Ta, H, L + R]
+        latent_out = q_abs.new_empty(*q_abs.shape[:2], self.kv_lora_rank)  # [Ta, H, L]
+        self.absorbed_attention(
+            q_abs, cache, index.block_table, plan.absorbed_qsl, plan.absorbed_seq_lens,
+            layer.scale, latent_out,
+        )  # fmt: skip
+        values = torch.einsum("thl,hlv->thv", latent_out.float(), w_uv.float()).to(out.dtype)
+        if tokens is None:
+            out.copy_(values)
+        else:
+            out[tokens] = values
+
+    # ---- the seams a kernel backend replaces -------------------------------------------------
+
+    def write_latent(
+        self, latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Write `latent [T, L + R]` at `slot_mapping [T]` (-1: skip) of `cache`."""
+        reference_write_latent(latent, cache, slot_mapping)
+
+    def absorbed_attention(
+        self,
+        q_abs: torch.Tensor,
+        cache: torch.Tensor,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Paged causal attention of `q_abs [T, H, L + R]` over the latent cache into
+        `out [T, H, L]` (see the module docstring)."""
+        reference_absorbed_attention(
+            q_abs, cache, block_table, query_start_loc, seq_lens, scale, out,
+            sliding_window=self.sliding_window,
+        )  # fmt: skip
+
+    # ---- input checks ----------------------------------------------------------------------
+
+    def check_mla_inputs(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_b_proj: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Validate shapes, dtypes and devices; return q `[T, H, N + R]`, latent `[T, L + R]`,
+        out `[T, H, V]`, W_UK `[H, N, L]` and W_UV `[H, L, V]` (views, no copies)."""
+        if kv_b_proj is None:
+            raise ValueError(
+                f"layer {layer.name}: MLA forward needs the keyword argument kv_b_proj (the "
+                "layer's kv_b_proj.weight [H * (qk_nope_head_dim + v_head_dim), kv_lora_rank])"
+            )
+        num_tokens, heads, width = query.shape[0], layer.num_heads, self.head_size
+        rope, rank = self.qk_rope_head_dim, self.kv_lora_rank
+        q_dim = _row_size(query) // heads  # N + R
+        v_dim = _row_size(output) // heads
+        if q_dim <= rope or v_dim == 0:
+            raise ValueError(
+                f"layer {layer.name}: query has {q_dim} values per head and output {v_dim}; "
+                f"expected qk_nope_head_dim + {rope} (qk_rope_head_dim) with qk_nope_head_dim "
+                "> 0, and v_head_dim > 0"
+            )
+        expected = {
+            "query": (query, (num_tokens, heads * q_dim)),
+            "key": (key, (num_tokens, width)),
+            "value": (value, (num_tokens, width)),
+            "output": (output, (num_tokens, heads * v_dim)),
+            "kv_b_proj": (kv_b_proj, (heads * (q_dim - rope + v_dim), rank)),
+        }
+        for what, (tensor, shape) in expected.items():
+            _check_tensor(layer, what, tensor, shape, self.dtype, query.device)
+        nope = q_dim - rope
+        w = kv_b_proj.view(heads, nope + v_dim, rank)
+        return (
+            query.view(num_tokens, heads, q_dim),
+            key.view(num_tokens, width),
+            output.view(num_tokens, heads, v_dim),
+            w[:, :nope],
+            w[:, nope:].transpose(1, 2),
+        )
+
+
+def construction_problems(backend: AttentionBackend, kv_lora_rank: Any) -> list[str]:
+    """What an MLA backend cannot be built with (empty: fine)."""
+    problems = []
+    if backend.num_kv_heads != 1:
+        problems.append(
+            f"num_kv_heads={backend.num_kv_heads}, expected 1 (one latent per token, shared "
+            "by every head)"
+        )
+    if not isinstance(kv_lora_rank, int) or not 0 < kv_lora_rank < backend.head_size:
+        problems.append(
+            f"kv_lora_rank={kv_lora_rank!r}, expected an int in (0, head_size={backend.head_size})"
+            " (head_size = kv_lora_rank + qk_rope_head_dim)"
+        )
+    if backend.kv_cache_dtype != backend.dtype:
+        problems.append(
+            f"kv_cache_dtype={backend.kv_cache_dtype} differs from dtype={backend.dtype}; "
+            "use kv_cache_dtype='auto'"
+        )
+    chunk, sinks = backend.attention_chunk_size, backend.num_sink_tokens
+    if chunk is not None or sinks or backend.attn_type != AttentionType.DECODER:
+        problems.append(
+            f"attention_chunk_size={chunk}, num_sink_tokens={sinks}, attn_type="
+            f"{backend.attn_type.value}: MLA layers are full or sliding-window decoder layers"
+        )
+    return problems
+
+
+def _row_size(tensor: torch.Tensor) -> int:
+    size = 1
+    for dim in tensor.shape[1:]:
+        size *= dim
+    return size
+
+
+def _check_tensor(
+    layer: LayerConfig,
+    what: str,
+    tensor: torch.Tensor,
+    shape: tuple[int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    if (tensor.shape[0], _row_size(tensor)) != shape:
+        raise ValueError(
+            f"layer {layer.name}: {what} has shape {tuple(tensor.shape)}, expected {shape} "
+            "(see unified_attn.backends.mla for what MLA's query, key and value hold)"
+        )
+    if tensor.dtype != dtype or tensor.device != device:
+        raise ValueError(
+            f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected {dtype} "
+            f"on {device}"
+        )
+
+
+# ---- plain-torch math (the oracles of kernel backends) ---------------------------------------
+
+
+def absorb_query(q: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
+    """q `[T, H, N + R]`, W_UK `[H, N, L]` -> q_abs `[T, H, L + R]` = `[q_nope @ W_UK, q_pe]`."""
+    nope = w_uk.shape[1]
+    q_latent = torch.einsum("thn,hnl->thl", q[..., :nope].float(), w_uk.float())
+    return torch.cat([q_latent.to(q.dtype), q[..., nope:]], dim=-1)
+
+
+def reference_write_latent(
+    latent: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """`cache [num_blocks, bs, L + R]` at `slot_mapping [T]` int64 <- `latent [T, L + R]`; rows
+    with slot -1 leave the cache unchanged. No host sync: padding rows rewrite slot 0 (the null
+    block, which no request owns) with its own contents."""
+    if latent.shape[0] != slot_mapping.shape[0]:
+        raise ValueError(
+            f"write_latent: {latent.shape[0]} latent rows for {slot_mapping.shape[0]} slots; "
+            "give one slot per row"
+        )
+    block_size = cache.shape[1]
+    padding = (slot_mapping < 0)[:, None]
+    slots = slot_mapping.clamp(min=0)
+    blocks, offsets = slots // block_size, slots % block_size
+    old = cache[blocks, offsets]
+    cache[blocks, offsets] = torch.where(padding, old, latent.to(cache.dtype))
+
+
+def reference_absorbed_attention(
+    q_abs: torch.Tensor,
+    cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    sliding_window: int | None = None,
+) -> None:
+    """Paged causal MLA in float32 over the latent cache, device tensors only (no host sync).
+
+    Request b owns query rows `[query_start_loc[b], query_start_loc[b + 1])`, the last of them
+    at position `seq_lens[b] - 1`, and keys `0..seq_lens[b] - 1` at `block_table[b]`. A query at
+    position p sees keys `0..p` (with a window W: `p - W + 1..p`). `out [T, H, L]` gets the
+    softmax-weighted sum of the first L values of the visible latents; rows past
+    `query_start_loc[B]` get 0."""
+    num_tokens, num_reqs = q_abs.shape[0], block_table.shape[0]
+    if num_reqs == 0:
+        out.zero_()
+        return
+    rank = out.shape[-1]
+    rows = torch.arange(num_tokens, device=q_abs.device, dtype=query_start_loc.dtype)
+    request = torch.searchsorted(query_start_loc[1:].contiguous(), rows, right=True)  # [T]
+    valid = request < num_reqs
+    request = request.clamp(max=num_reqs - 1)
+    pos = seq_lens[request] - (query_start_loc[request + 1] - rows)  # [T] absolute positions
+    key_pos = torch.arange(block_table.shape[1] * cache.shape[1], device=q_abs.device)  # [S]
+    mask = (key_pos <= pos[:, None]) & valid[:, None]  # [T, S]
+    if sliding_window is not None:
+        mask &= key_pos > pos[:, None] - sliding_window
+    latents = cache[block_table.long()].flatten(1, 2)  # [B, S, L + R]
+    # Keys no query sees may be stale or aliased blocks (even NaN bits): zero them.
+    keys = latents[request].float().masked_fill(~mask[:, :, None], 0.0)  # [T, S, L + R]
+    scores = torch.einsum("thd,tsd->ths", q_abs.float(), keys) * scale
+    scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).masked_fill(~valid[:, None, None], 0.0)
+    out.copy_(torch.einsum("ths,tsl->thl", probs, keys[..., :rank]).to(out.dtype))
+
+
+def up_projected_attention(
+    layer: LayerConfig,
+    q: torch.Tensor,
+    latents: torch.Tensor,
+    first_query_pos: int,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+) -> torch.Tensor:
+    """One request, without absorption: its latents `[S, L + R]` (positions 0..S-1) expanded to
+    per-head keys `[S, H, N + R]` and values `[S, H, V]`, attended by q `[Lq, H, N + R]` at
+    positions `first_query_pos + i` in float32. Returns `[Lq, H, V]` in q's dtype."""
+    rank, heads = w_uk.shape[2], q.shape[1]
+    query_pos = torch.arange(q.shape[0], device=q.device) + first_query_pos
+    key_pos = torch.arange(latents.shape[0], device=q.device)
+    mask = attention_mask(layer, query_pos, key_pos)  # [Lq, S]
+    visible = mask.any(dim=0)[:, None]  # stale keys (outside every window) may hold NaN bits
+    latents = latents.float().masked_fill(~visible, 0.0)
+    c, k_pe = latents[:, :rank], latents[:, rank:]
+    k_nope = torch.einsum("sl,hnl->shn", c, w_uk.float())
+    keys = torch.cat([k_nope, k_pe[:, None].expand(-1, heads, -1)], dim=-1)  # [S, H, N + R]
+    values = torch.einsum("sl,hlv->shv", c, w_uv.float())  # [S, H, V]
+    scores = torch.einsum("qhd,shd->hqs", q.float(), keys) * layer.scale
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.einsum("hqs,shv->qhv", probs, values).to(q.dtype)

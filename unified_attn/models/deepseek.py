@@ -1,0 +1,616 @@
+"""DeepSeek-V2 and DeepSeek-V3: multi-head latent attention (MLA) and DeepSeekMoE, numerically as
+transformers' `DeepseekV2ForCausalLM` / `DeepseekV3ForCausalLM` (eval mode).
+
+Attention projects to a low-rank latent: `kv_a_proj_with_mqa` gives `[c_kv (kv_lora_rank),
+k_pe (qk_rope_head_dim)]`, `kv_a_layernorm` normalises `c_kv`, RoPE rotates `k_pe` (shared by
+every head) and the roped part of each head's query (`q_proj`, or `q_a_proj` -> `q_a_layernorm`
+-> `q_b_proj` with a `q_lora_rank`). The backend (a `layer_kind="mla"` one,
+`unified_attn.backends.mla` states the contract) caches the latent `[c_kv, k_pe]` and expands it
+with `kv_b_proj`. The softmax scale is `qk_head_dim ** -0.5`, times `mscale(factor,
+mscale_all_dim) ** 2` under YaRN. RoPE pairs: V3 with `rope_interleave` rotates pairs
+`(x[2i], x[2i+1])` and writes the rotated halves one after the other, V3 without it rotates
+halves (`rotate_half`), V2 rotates pairs in float32 in place (complex multiplication); the scores
+are those of transformers in every case.
+
+MLPs: the first `first_k_dense_replace` layers are dense SwiGLU MLPs, the others DeepSeekMoE:
+routed SwiGLU experts `mlp.experts.{e}`, a shared SwiGLU `mlp.shared_experts` added on every
+token, and a float32 router `mlp.gate`: V3 scores experts with a sigmoid, picks the `topk_group`
+groups whose two best `score + e_score_correction_bias` are largest, the top-k experts of those
+by the same sum, and weights them by their plain scores (renormalised with `norm_topk_prob`);
+V2 takes a softmax and its top-k (`greedy`) or the top-k within the `topk_group` groups of
+largest maximum (`group_limited_greedy`), never renormalised (as transformers). Both multiply
+the weights by `routed_scaling_factor`. Every expert runs on every token (weight 0 where not
+chosen): no data-dependent shapes, no host sync.
+
+Parameter names are transformers' own, so a `save_pretrained` checkpoint loads as a state dict
+(`load_deepseek`); multi-token-prediction layers (`model.layers.{num_hidden_layers}.*` of real
+V3 checkpoints) are dropped, as transformers does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import attrs
+import torch
+from torch import nn
+
+from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.models.config import RopeScaling
+from unified_attn.models.hf_config import HFConfig, mla_version, read_hf_config
+from unified_attn.models.hf_rope import rope_fields
+from unified_attn.models.layers import RMSNorm
+from unified_attn.models.mlp import MLP
+from unified_attn.models.rope import rope_attention_scaling, rope_inv_freq, rotate_half
+from unified_attn.utils import optional_positive_int, positive, positive_int
+
+Version = Literal["v2", "v3"]
+Routing = Literal["sigmoid_group_limited", "greedy", "group_limited_greedy"]
+RopeLayout = Literal["interleave", "halves", "pairs"]
+SUB_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: transformers' default, not rms_norm_eps
+
+
+def _as_eos(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
+
+
+@attrs.frozen(kw_only=True)
+class DeepseekConfig:
+    """Shapes and routing of a DeepSeek-V2/V3 model; field names follow `config.json`."""
+
+    name: str = "deepseek"
+    version: Version = "v3"
+    vocab_size: int = attrs.field(validator=positive_int)
+    hidden_size: int = attrs.field(validator=positive_int)
+    intermediate_size: int = attrs.field(validator=positive_int)  # the dense layers'
+    moe_intermediate_size: int = attrs.field(validator=positive_int)  # each expert's
+    num_layers: int = attrs.field(validator=positive_int)
+    num_heads: int = attrs.field(validator=positive_int)
+    q_lora_rank: int | None = attrs.field(validator=optional_positive_int)
+    kv_lora_rank: int = attrs.field(validator=positive_int)
+    qk_nope_head_dim: int = attrs.field(validator=positive_int)
+    qk_rope_head_dim: int = attrs.field(validator=positive_int)
+    v_head_dim: int = attrs.field(validator=positive_int)
+    n_routed_experts: int = attrs.field(validator=positive_int)
+    n_shared_experts: int = attrs.field(validator=positive_int)
+    num_experts_per_tok: int = attrs.field(validator=positive_int)
+    routing: Routing = "sigmoid_group_limited"
+    n_group: int | None = attrs.field(default=None, validator=optional_positive_int)
+    topk_group: int | None = attrs.field(default=None, validator=optional_positive_int)
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = attrs.field(default=1.0, validator=positive)
+    first_k_dense_replace: int = 0
+    rms_norm_eps: float = attrs.field(default=1e-6, validator=positive)
+    rope_theta: float = attrs.field(default=10000.0, validator=positive)
+    rope_scaling: RopeScaling | None = None
+    rope_layout: RopeLayout = "interleave"
+    max_position_embeddings: int = attrs.field(default=4096, validator=positive_int)
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_eos)
+
+    def __attrs_post_init__(self) -> None:
+        choices = {
+            "version": ("v2", "v3"),
+            "routing": ("sigmoid_group_limited", "greedy", "group_limited_greedy"),
+            "rope_layout": ("interleave", "halves", "pairs"),
+        }
+        for field, valid in choices.items():
+            if getattr(self, field) not in valid:
+                raise ValueError(
+                    f"DeepseekConfig {self.name}: {field} must be one of {valid}, got "
+                    f"{getattr(self, field)!r}"
+                )
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(
+                f"DeepseekConfig {self.name}: RoPE needs an even qk_rope_head_dim, got "
+                f"{self.qk_rope_head_dim}"
+            )
+        if not 0 <= self.first_k_dense_replace <= self.num_layers:
+            raise ValueError(
+                f"DeepseekConfig {self.name}: first_k_dense_replace={self.first_k_dense_replace}"
+                f" is outside [0, num_layers={self.num_layers}]"
+            )
+        self._check_routing()
+
+    def _check_routing(self) -> None:
+        experts, k = self.n_routed_experts, self.num_experts_per_tok
+        if self.routing == "greedy":
+            if k > experts:
+                raise ValueError(
+                    f"DeepseekConfig {self.name}: num_experts_per_tok={k} exceeds "
+                    f"n_routed_experts={experts}"
+                )
+            return
+        groups, chosen = self.n_group, self.topk_group
+        per_group = experts // groups if groups else 0
+        minimum = 2 if self.routing == "sigmoid_group_limited" else 1
+        if not groups or not chosen or experts % groups or chosen > groups or per_group < minimum:
+            raise ValueError(
+                f"DeepseekConfig {self.name}: routing {self.routing!r} needs n_group dividing "
+                f"n_routed_experts={experts} into groups of at least {minimum} experts and "
+                f"1 <= topk_group <= n_group; got n_group={groups}, topk_group={chosen}"
+            )
+        if k > chosen * per_group:
+            raise ValueError(
+                f"DeepseekConfig {self.name}: num_experts_per_tok={k} exceeds the "
+                f"{chosen * per_group} experts of the topk_group={chosen} groups"
+            )
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent_size(self) -> int:
+        """Values cached per token and layer: `kv_lora_rank + qk_rope_head_dim`."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """`qk_head_dim ** -0.5`, times YaRN's `mscale(factor, mscale_all_dim) ** 2`."""
+        scale = self.qk_head_dim**-0.5
+        scaling = self.rope_scaling
+        if scaling is not None and scaling.mscale_all_dim:
+            mscale = 0.1 * scaling.mscale_all_dim * math.log(scaling.factor) + 1.0
+            scale *= mscale * mscale if scaling.factor > 1 else 1.0
+        return float(scale)
+
+
+# ---- layers -----------------------------------------------------------------------------------
+
+
+class DeepseekRotary(nn.Module):
+    """cos and sin `[T, qk_rope_head_dim / 2]` float32 of each position (scaled by YaRN's
+    attention factor); not a parameter, recomputed on the model's device."""
+
+    def __init__(self, config: DeepseekConfig) -> None:
+        super().__init__()
+        self.dim, self.theta = config.qk_rope_head_dim, config.rope_theta
+        self.scaling = config.rope_scaling
+        self.attention_scaling = rope_attention_scaling(config.rope_scaling)
+        self.reset("cpu")
+
+    def reset(self, device: torch.device | str) -> None:
+        """Recompute the inverse frequencies `[R / 2]` float32 on `device`."""
+        self.inv_freq = rope_inv_freq(self.dim, self.theta, self.scaling).to(device)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq  # [T, R / 2]
+        return freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+
+
+def apply_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: RopeLayout
+) -> torch.Tensor:
+    """Rotate x `[T, heads, R]` by cos/sin `[T, R / 2]` float32 (see the module docstring)."""
+    cos, sin = cos[:, None], sin[:, None]
+    if layout == "pairs":  # V2: pairs rotated in float32, kept in place
+        xf = x.float()
+        even, odd = xf[..., 0::2], xf[..., 1::2]
+        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+        return rotated.flatten(-2).to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    if layout == "halves":
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+        return x * cos + rotate_half(x) * sin
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
+
+
+class MLAAttention(nn.Module):
+    """Projections, norms and RoPE here; the latent cache and attention in the backend."""
+
+    q_proj: nn.Linear | None
+    q_a_proj: nn.Linear | None
+    q_a_layernorm: RMSNorm | None
+    q_b_proj: nn.Linear | None
+
+    def __init__(self, config: DeepseekConfig, layer: LayerConfig, backend: AttentionBackend):
+        super().__init__()
+        self.layer_config, self.backend = layer, backend
+        self.layout = config.rope_layout
+        hidden, heads, rank = config.hidden_size, config.num_heads, config.kv_lora_rank
+        self.kv_lora_rank = rank
+        q_size, bias = heads * config.qk_head_dim, config.attention_bias
+        self.split = (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim)
+        q_rank = config.q_lora_rank
+        self.q_proj = nn.Linear(hidden, q_size, bias=False) if q_rank is None else None
+        self.q_a_proj = None if q_rank is None else nn.Linear(hidden, q_rank, bias=bias)
+        self.q_a_layernorm = None if q_rank is None else RMSNorm(q_rank, SUB_NORM_EPS)
+        self.q_b_proj = None if q_rank is None else nn.Linear(q_rank, q_size, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, config.latent_size, bias=bias)
+        self.kv_a_layernorm = RMSNorm(rank, SUB_NORM_EPS)
+        self.kv_b_proj = nn.Linear(rank, heads * (self.split[0] + self.split[2]), bias=False)
+        self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
+
+    def _query(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.q_proj is not None:
+            return cast(torch.Tensor, self.q_proj(hidden))
+        assert self.q_a_proj is not None and self.q_a_layernorm is not None
+        assert self.q_b_proj is not None
+        return cast(torch.Tensor, self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden))))
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """hidden `[T, hidden_size]` -> `[T, hidden_size]`."""
+        nope, rope, v_dim = self.split
+        num_tokens, heads = hidden.shape[0], self.layer_config.num_heads
+        q = self._query(hidden).view(num_tokens, heads, nope + rope)
+        q = torch.cat([q[..., :nope], apply_rope(q[..., nope:], cos, sin, self.layout)], -1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, rope], dim=-1)
+        k_pe = apply_rope(k_pe[:, None], cos, sin, self.layout)[:, 0]
+        latent = torch.cat([self.kv_a_layernorm(c_kv), k_pe], dim=-1)  # [T, L + R]
+        output = hidden.new_empty(num_tokens, heads * v_dim)
+        self.backend.forward(
+            self.layer_config, output, q, latent, latent, kv_b_proj=self.kv_b_proj.weight
+        )
+        return cast(torch.Tensor, self.o_proj(output))
+
+
+class DeepseekRouter(nn.Module):
+    """`mlp.gate`: float32 logits over the experts -> (weights `[T, k]` float32, ids `[T, k]`)."""
+
+    e_score_correction_bias: torch.Tensor | None
+
+    def __init__(self, config: DeepseekConfig) -> None:
+        super().__init__()
+        self.config = config
+        experts = config.n_routed_experts
+        self.weight = nn.Parameter(torch.zeros(experts, config.hidden_size))
+        bias = torch.zeros(experts) if config.version == "v3" else None
+        self.register_buffer("e_score_correction_bias", bias)  # kept in float32
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.config
+        logits = nn.functional.linear(x.float(), self.weight.float())  # [T, E]
+        if cfg.routing == "sigmoid_group_limited":
+            assert self.e_score_correction_bias is not None
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias
+            group_scores = _groups(choice, cfg).topk(2, dim=-1).values.sum(-1)  # [T, G]
+            choice = _keep_best_groups(choice, group_scores, cfg, float("-inf"))
+            ids = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False).indices
+            weights = scores.gather(1, ids)
+            if cfg.norm_topk_prob:
+                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+            return weights * cfg.routed_scaling_factor, ids
+        scores = logits.softmax(dim=-1)
+        if cfg.routing == "group_limited_greedy":
+            scores = _keep_best_groups(scores, _groups(scores, cfg).amax(-1), cfg, 0.0)
+        weights, ids = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
+        return weights * cfg.routed_scaling_factor, ids
+
+
+def _groups(scores: torch.Tensor, cfg: DeepseekConfig) -> torch.Tensor:
+    """`[T, E]` -> `[T, n_group, E / n_group]`."""
+    assert cfg.n_group is not None
+    return scores.view(scores.shape[0], cfg.n_group, -1)
+
+
+def _keep_best_groups(
+    scores: torch.Tensor, group_scores: torch.Tensor, cfg: DeepseekConfig, fill: float
+) -> torch.Tensor:
+    """`scores [T, E]` with the experts outside the `topk_group` best groups set to `fill`."""
+    assert cfg.topk_group is not None
+    best = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    keep = keep[:, :, None].expand_as(_groups(scores, cfg)).reshape(scores.shape)
+    return scores.masked_fill(~keep, fill)
+
+
+class DeepseekMoE(nn.Module):
+    """Routed experts (weighted, added in expert order as transformers) plus the shared ones."""
+
+    def __init__(self, config: DeepseekConfig) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.moe_intermediate_size
+        self.gate = DeepseekRouter(config)
+        self.experts = nn.ModuleList(MLP(hidden, inter) for _ in range(config.n_routed_experts))
+        shared = inter * config.n_shared_experts
+        self.shared_experts = MLP(hidden, shared, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = torch.zeros_like(x)
+        for index, expert in enumerate(self.experts):
+            weight = (weights * (ids == index)).sum(-1, keepdim=True)  # [T, 1], 0: not chosen
+            out += (expert(x) * weight).to(x.dtype)
+        return out + self.shared_experts(x)
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(
+        self, config: DeepseekConfig, index: int, layer: LayerConfig, backend: AttentionBackend
+    ) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = MLAAttention(config, layer, backend)
+        dense = index < config.first_k_dense_replace
+        self.mlp: nn.Module = (
+            MLP(hidden, config.intermediate_size, bias=config.mlp_bias)
+            if dense
+            else DeepseekMoE(config)
+        )
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
+        return cast(torch.Tensor, hidden + self.mlp(self.post_attention_layernorm(hidden)))
+
+
+class _Backbone(nn.Module):
+    """The `model.` prefix of the parameter names."""
+
+    def __init__(self, config: DeepseekConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DeepseekDecoderLayer(config, i, mla_layer_config(config, i), backend)
+            for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+def mla_layer_config(config: DeepseekConfig, index: int) -> LayerConfig:
+    return LayerConfig(
+        name=f"model.layers.{index}.self_attn",
+        num_heads=config.num_heads,
+        num_kv_heads=1,
+        head_size=config.latent_size,
+        scale=config.softmax_scale,
+    )
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+
+class DeepseekForCausalLM(nn.Module):
+    """Inference-only DeepSeek-V2/V3. Weights start constant (norms 1, the rest 0): call
+    `init_random_weights` or load a checkpoint (`load_deepseek`). Every layer attends through
+    one MLA backend instance (`backends["mla"]`)."""
+
+    def __init__(
+        self,
+        config: DeepseekConfig,
+        backend_cls: type[AttentionBackend],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        backend_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.config, self.dtype = config, dtype
+        backend = backend_cls(
+            num_kv_heads=1,
+            head_size=config.latent_size,
+            dtype=dtype,
+            kv_lora_rank=config.kv_lora_rank,
+            **(backend_options or {}),
+        )
+        self.backends = {"mla": backend}
+        self.rotary = DeepseekRotary(config)
+        with torch.device("meta"):  # no init cost, no global RNG use
+            self.model = _Backbone(config, backend)
+            self.lm_head = (
+                None
+                if config.tie_word_embeddings
+                else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            )
+        self.to(dtype=dtype)
+        for router in self._routers():  # transformers keeps the correction bias in float32
+            if router.e_score_correction_bias is not None:
+                router.e_score_correction_bias = router.e_score_correction_bias.float()
+        self.to_empty(device=device)
+        self.rotary.reset(device)
+        self._fill_constant()
+        self.requires_grad_(False)
+
+    def _routers(self) -> Iterator[DeepseekRouter]:
+        return (m for m in self.modules() if isinstance(m, DeepseekRouter))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
+        for layer in self.model.layers:
+            attn = cast(DeepseekDecoderLayer, layer).self_attn
+            yield attn.layer_config, attn.backend
+
+    @torch.no_grad()
+    def _fill_constant(self) -> None:
+        for name, tensor in (*self.named_parameters(), *self.named_buffers()):
+            tensor.fill_(1.0 if _is_norm(name) else 0.0)
+
+    @torch.no_grad()
+    def init_random_weights(self, seed: int) -> None:
+        """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32, norms 1,
+        the routers' correction biases 0 (as transformers initialises them)."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, param in self.named_parameters():
+            if _is_norm(name):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+        for buffer in self.buffers():
+            buffer.zero_()
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """input_ids, positions `[T]` int64 -> final-normed hidden `[T, hidden_size]`. The
+        step's metadata must already be in the backend (`prep_forward`)."""
+        hidden = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions)
+        for layer in self.model.layers:
+            hidden = layer(hidden, cos, sin)
+        return cast(torch.Tensor, self.model.norm(hidden))
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32."""
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return nn.functional.linear(hidden, head.weight).float()
+
+
+def _is_norm(name: str) -> bool:
+    return name.endswith("norm.weight")
+
+
+# ---- Hugging Face checkpoints -------------------------------------------------------------------
+
+# config.json fields a DeepSeek config copies unchanged, and their transformers defaults (a
+# missing field takes its default; an explicit null stays None, as in transformers)
+_COPIED = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "n_shared_experts", "num_experts_per_tok", "n_group", "topk_group", "norm_topk_prob",
+    "routed_scaling_factor", "first_k_dense_replace", "rms_norm_eps", "max_position_embeddings",
+    "attention_bias", "mlp_bias", "tie_word_embeddings", "bos_token_id",
+)  # fmt: skip
+_RENAMED = {
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "eos_token_ids": "eos_token_id",
+}
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads")  # fmt: skip
+_SHARED_DEFAULTS: dict[str, Any] = dict(
+    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536,
+    rms_norm_eps=1e-6, norm_topk_prob=False, attention_bias=False, mlp_bias=False,
+    tie_word_embeddings=False, n_group=None, topk_group=None, num_experts_per_tok=None,
+)  # fmt: skip
+_DEFAULTS: dict[Version, dict[str, Any]] = {
+    "v2": dict(
+        first_k_dense_replace=0, n_shared_experts=2, n_routed_experts=64,
+        routed_scaling_factor=1.0, moe_intermediate_size=1407, topk_method="greedy",
+        bos_token_id=1, eos_token_id=2, max_position_embeddings=2048,
+    ),
+    "v3": dict(
+        first_k_dense_replace=3, n_shared_experts=1, n_routed_experts=256,
+        routed_scaling_factor=2.5, moe_intermediate_size=2048, n_group=8, topk_group=4,
+        num_experts_per_tok=8, norm_topk_prob=True, bos_token_id=0, eos_token_id=1,
+        max_position_embeddings=4096, rope_interleave=True,
+    ),
+}  # fmt: skip
+_V2_ROUTING = ("greedy", "group_limited_greedy")
+
+
+def deepseek_config_from_hf(hf: HFConfig, name: str = "hf") -> DeepseekConfig:
+    """A `DeepseekConfig` from DeepSeek-V2/V3's `config.json`."""
+    version = cast("Version | None", mla_version(hf))
+    if version is None:
+        raise ValueError(
+            f"checkpoint {name}: config.json names {hf.get('architectures')} / model_type "
+            f"{hf.get('model_type')!r}, not DeepseekV2ForCausalLM or DeepseekV3ForCausalLM"
+        )
+    _refuse_unsupported(hf, name)
+    missing = [key for key in _REQUIRED if key not in hf]
+    if missing:
+        raise ValueError(
+            f"checkpoint {name}: config.json has no {missing}, which DeepSeek-"
+            f"{version.upper()} needs; re-save the config with transformers' save_pretrained"
+        )
+    return DeepseekConfig(**_fields({**_SHARED_DEFAULTS, **_DEFAULTS[version], **hf}, name))
+
+
+def _refuse_unsupported(hf: HFConfig, name: str) -> None:
+    quantization = hf.get("quantization_config")
+    if quantization:
+        raise ValueError(
+            f"checkpoint {name}: quantized checkpoints (quant_method="
+            f"{quantization.get('quant_method')!r}) are not supported; dequantize first, e.g. "
+            "load with transformers in bfloat16 and save_pretrained"
+        )
+    act = hf.get("hidden_act") or "silu"
+    method = hf.get("topk_method") or "greedy"
+    if act != "silu" or (mla_version(hf) == "v2" and method not in _V2_ROUTING):
+        raise ValueError(
+            f"checkpoint {name}: hidden_act={act!r}, topk_method={method!r}; supported: "
+            f"hidden_act 'silu' and (DeepSeek-V2) topk_method in {_V2_ROUTING}"
+        )
+
+
+def _fields(values: HFConfig, name: str) -> dict[str, Any]:
+    """`DeepseekConfig` fields of `values` (config.json over the version's defaults)."""
+    version = mla_version(values)
+    fields = {key: values[key] for key in _COPIED}
+    fields |= {ours: values[theirs] for ours, theirs in _RENAMED.items()}
+    for flag in ("norm_topk_prob", "attention_bias", "mlp_bias", "tie_word_embeddings"):
+        fields[flag] = bool(fields[flag])
+    if version == "v3":
+        routing = "sigmoid_group_limited"
+        layout = "interleave" if values["rope_interleave"] else "halves"
+    else:
+        routing, layout = values.get("topk_method") or "greedy", "pairs"
+    return fields | dict(
+        name=name, version=version, routing=routing, rope_layout=layout, **rope_fields(values)
+    )
+
+
+def load_deepseek(
+    path: str | Path,
+    backend_cls: type[AttentionBackend],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    backend_options: dict[str, Any] | None = None,
+) -> tuple[DeepseekForCausalLM, Any]:
+    """The model (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
+    # imported here: `presets` imports this module and the tokenizer imports `presets`
+    from unified_attn.models.hf import read_state_dict
+    from unified_attn.models.tokenizer import load_tokenizer
+
+    path = Path(path)
+    config = deepseek_config_from_hf(read_hf_config(path), name=path.name)
+    state = _model_names(read_state_dict(path), config)
+    expected = DeepseekForCausalLM(config, backend_cls, device="meta").state_dict()
+    _check_state(state, expected, str(path))
+    model = DeepseekForCausalLM(
+        config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
+    )
+    model.load_state_dict(state)
+    return model, load_tokenizer(path)
+
+
+def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[str, torch.Tensor]:
+    """Without RoPE buffers, multi-token-prediction layers and a tied LM head's copy."""
+    state = {}
+    for name, tensor in raw.items():
+        parts = name.split(".")
+        mtp = name.startswith("model.layers.") and int(parts[2]) >= config.num_layers
+        if not (mtp or name.endswith("rotary_emb.inv_freq")):
+            state[name] = tensor
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def _check_state(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str
+) -> None:
+    missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
+    if missing or unexpected:
+        raise ValueError(
+            f"weights of {source} do not match its config.json: missing {_few(missing)}, "
+            f"unexpected {_few(unexpected)}; check config.json (layers, q_lora_rank, experts, "
+            "first_k_dense_replace) against the checkpoint"
+        )
+    for name in sorted(expected):
+        if state[name].shape != expected[name].shape:
+            raise ValueError(
+                f"weight {name} of {source} has shape {tuple(state[name].shape)}, the config "
+                f"implies {tuple(expected[name].shape)}; check config.json's sizes"
+            )
+
+
+def _few(names: set[str], limit: int = 6) -> str:
+    shown = sorted(names)[:limit]
+    return f"{shown}{f' and {len(names) - limit} more' if len(names) > limit else ''}"
