@@ -50,6 +50,7 @@ from unified_attn.runner.tensor_parallel import (
     make_rank_runner,
     make_worker,
     rank_model,
+    serve_launched_rank,
 )
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
@@ -87,7 +88,9 @@ class LLMEngine(KVCacheAccess):
         check_engine_options(kwargs)
         self.config = config = EngineConfig(model=model, **kwargs)
         self.device = resolve_device(config.device)
-        # tensor parallelism: ranks 1..N-1 start now and build their shards alongside
+        # tensor parallelism: under torchrun, ranks 1..N-1 serve rank 0 here and never return;
+        # else rank 0 spawns them now and they build their shards alongside
+        serve_launched_rank(config)
         self._tp = TensorParallelGroup(config) if config.tensor_parallel_size > 1 else None
         try:
             self._build(config)

@@ -186,11 +186,52 @@ def check_options(config: Any) -> None:
 
 
 def rank_device(config: Any, rank: int) -> torch.device:
-    """`config.device`; with several ranks on CUDA, rank r's device is `cuda:r`."""
+    """`config.device`; with several ranks on CUDA, rank r's device is `cuda:r` (under
+    torchrun: `cuda:LOCAL_RANK`, the rank's index on its node)."""
     device = torch.device(config.device)
     if device.type == "cuda" and config.tensor_parallel_size > 1:
-        return torch.device("cuda", rank)
+        launched = torchrun_rank(config)
+        return torch.device("cuda", local_rank() if launched is not None else rank)
     return device
+
+
+# ---- torchrun ----------------------------------------------------------------------------------
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_rank(config: Any) -> int | None:
+    """This process's rank when `torchrun` (or another launcher setting its variables) started
+    it and the engine is tensor-parallel, else None. The launcher's world must be the engine's
+    `tensor_parallel_size`."""
+    if config.tensor_parallel_size == 1 or not all(v in os.environ for v in TORCHRUN_VARIABLES):
+        return None
+    world = int(os.environ["WORLD_SIZE"])
+    if world != config.tensor_parallel_size:
+        raise ValueError(
+            f"tensor_parallel_size={config.tensor_parallel_size} but the launcher started "
+            f"WORLD_SIZE={world} processes; start as many processes as ranks (torchrun "
+            "--nnodes x --nproc-per-node = tensor_parallel_size)"
+        )
+    return int(os.environ["RANK"])
+
+
+def local_rank() -> int:
+    return int(os.environ["LOCAL_RANK"])
+
+
+def serve_launched_rank(config: Any) -> None:
+    """Under torchrun, on a rank other than 0: serve rank 0's steps, then end the process
+    (rank 0, which runs the caller's script, shuts the ranks down when its engine stops).
+    Elsewhere: return at once."""
+    rank = torchrun_rank(config)
+    if rank is None or rank == 0:
+        return
+    check_options(config)
+    serve_rank(config, rank, config.tensor_parallel_size)
+    if leave_group():
+        raise SystemExit(0)
+    os._exit(0)  # a NCCL group that could not be left must not hold the process open
 
 
 def rank_memory(config: Any, rank: int) -> int | None:
@@ -293,18 +334,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _join_group(config: Any, rank: int, world_size: int, port: int) -> Any:
+def _join_group(config: Any, rank: int, world_size: int, port: int | None) -> Any:
     """Join the ranks' group (NCCL on CUDA, for the model's all-reduces, else gloo) and return
     the control group: gloo, for the block agreement and the step messages. Gloo notices a
     dead peer (its connections close) and honours the timeout, where a NCCL collective would
     wait for it forever; and small host messages need no device copies."""
     cuda = torch.device(config.device).type == "cuda"
     if cuda:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank_device(config, rank))
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        # spawned ranks meet on this host; torchrun's ranks at its MASTER_ADDR:MASTER_PORT
+        init_method="env://" if port is None else f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
         timeout=timeout,
@@ -312,27 +354,32 @@ def _join_group(config: Any, rank: int, world_size: int, port: int) -> Any:
     return dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
 
 
-def _rank_main(config: Any, rank: int, world_size: int, port: int, errors: Any) -> None:
-    """Ranks 1..N-1: build the shard, agree on the block count, then run every step rank 0
-    broadcasts until it sends `None`; then leave the group and end the process."""
+def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None) -> None:
+    """A rank other than 0: join the group, build the shard, agree on the block count, then
+    run every step rank 0 broadcasts until it sends `None`."""
+    if torch.device(config.device).type == "cpu":
+        torch.set_num_threads(1)  # ranks share the host's cores
+    control = _join_group(config, rank, world_size, port)
+    source = rank_model(config, rank, world_size)
+    worker = make_worker(config, source, rank)
+    num_blocks, _ = agree_on_blocks(worker, control)
+    worker.allocate(num_blocks)
+    runner = make_rank_runner(config, source, worker)
+    replica = Replica()
+    while True:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0, group=control)
+        if box[0] is None:
+            break
+        runner.execute(replica.output(box[0]), sample=False)  # rank 0 samples
+    runner.graphs = None
+
+
+def _rank_main(config: Any, rank: int, world_size: int, port: int | None, errors: Any) -> None:
+    """A spawned rank: serve, report a failure to rank 0, leave the group, end the process."""
     code = 0
     try:
-        if torch.device(config.device).type == "cpu":
-            torch.set_num_threads(1)  # ranks share the host's cores
-        control = _join_group(config, rank, world_size, port)
-        source = rank_model(config, rank, world_size)
-        worker = make_worker(config, source, rank)
-        num_blocks, _ = agree_on_blocks(worker, control)
-        worker.allocate(num_blocks)
-        runner = make_rank_runner(config, source, worker)
-        replica = Replica()
-        while True:
-            box: list[Any] = [None]
-            dist.broadcast_object_list(box, src=0, group=control)
-            if box[0] is None:
-                break
-            runner.execute(replica.output(box[0]), sample=False)  # rank 0 samples
-        runner.graphs = None
+        serve_rank(config, rank, world_size, port)
     except BaseException as error:  # report to rank 0, which names this rank
         errors.put((rank, f"{type(error).__name__}: {error}", traceback.format_exc(limit=4)))
         code = 1
@@ -367,7 +414,9 @@ class TensorParallelGroup:
                 "CUDA, whose group may not be left once graphs captured it, use a new process"
             )
         self.world_size = n = config.tensor_parallel_size
-        port = _free_port()
+        # under torchrun the launcher started every rank; else spawn ranks 1..N-1 here
+        launched = torchrun_rank(config) is not None
+        port = None if launched else _free_port()
         context = mp.get_context("spawn")
         self.errors = context.Queue()
         self.processes = [
@@ -375,6 +424,7 @@ class TensorParallelGroup:
                 target=_rank_main, args=(config, rank, n, port, self.errors), daemon=True
             )
             for rank in range(1, n)
+            if not launched
         ]
         for process in self.processes:
             process.start()
