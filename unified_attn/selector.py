@@ -27,6 +27,7 @@ _BUILTIN_MODULES = (
     "unified_attn.backends.triton",
     "unified_attn.backends.linear_state",
     "unified_attn.backends.mla",
+    "unified_attn.backends.triton.mla_backend",
 )
 
 
@@ -49,8 +50,10 @@ class SelectorConfig:
     device: str = "cpu"
     use_batch_invariant: bool = attrs.field(factory=batch_invariant_from_env)
     # What the layer computes: "attention" (softmax attention over a KV cache), "mla"
-    # (multi-head latent attention over a latent cache, DeepSeek-V2/V3) or a kind of
-    # recurrent-state layer ("linear_state"); a backend serves the kinds in its `layer_kinds`.
+    # (multi-head latent attention over a latent cache, DeepSeek-V2/V3), "deepseek_v4"
+    # (DeepSeek-V4's sliding window plus compressed caches, one backend per cache user) or a
+    # kind of recurrent-state layer ("linear_state"); a backend serves the kinds in its
+    # `layer_kinds`.
     layer_kind: str = "attention"
 
 

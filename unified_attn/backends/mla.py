@@ -88,6 +88,7 @@ class MLAPlan:
     absorbed_seq_lens: torch.Tensor  # device [Ba] int32
     prefill: list[tuple[int, int, int, int]]  # host: (request, first row, end row, computed)
     groups: dict[int, MLAGroupIndex]  # KV-cache group id -> its indices
+    launch: Any = None  # a kernel subclass's launch plan (`launch_plan`); None here
 
 
 @register_backend(priority={"cpu": 100, "cuda": 10})
@@ -157,7 +158,13 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
                 gid: self._group_index(common, gid, block_tables[gid], absorbed, prefill, seq_lens)
                 for gid in gids
             },
+            launch=self.launch_plan(common, for_cudagraph_capture),
         )
+
+    def launch_plan(self, common: CommonAttentionMetadata, for_cudagraph_capture: bool) -> Any:
+        """Host planning a kernel subclass needs for `absorbed_attention` (tiles, split-KV,
+        scratch sizing), stored in the plan's `launch`; the reference needs none."""
+        return None
 
     @staticmethod
     def _absorbed_batch(
@@ -187,8 +194,8 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
     ) -> MLAGroupIndex:
         device = common.positions.device
         bs = self._block_size(gid)
-        table = block_table.cpu().long()
         prefill_keys = {}
+        table = block_table.cpu().long() if prefill else block_table  # host copy only if read
         for i, *_ in prefill:
             pos = torch.arange(seq_lens[i])
             prefill_keys[i] = (table[i, pos // bs].to(device), (pos % bs).to(device))

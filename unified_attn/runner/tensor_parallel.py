@@ -389,17 +389,33 @@ def _rank_main(config: Any, rank: int, world_size: int, port: int | None, errors
 
 
 def leave_group(timeout_s: float = 10.0) -> bool:
-    """`destroy_process_group`, bounded: NCCL's teardown can wait forever once CUDA graphs
-    captured its collectives (pytorch/pytorch#115388), and a peer that died never answers.
-    True when the group was left."""
+    """Leave the process group, bounded. NCCL's orderly teardown (`destroy_process_group`
+    flushes the communicators) can wait forever once CUDA graphs captured its collectives
+    (pytorch/pytorch#115388) or a peer died, so on NCCL, once the device is synchronised (no
+    collective in flight), the communicators are aborted instead, which returns at once and
+    forgets the groups as destroy does. It runs in a helper thread on this rank's device. True
+    when the group was left."""
     if not dist.is_initialized():
         return True
+    device = None
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
-    leave = threading.Thread(target=dist.destroy_process_group, daemon=True)
-    leave.start()
-    leave.join(timeout_s)
-    return not leave.is_alive()
+        device = torch.cuda.current_device()
+
+    nccl = dist.get_backend() == "nccl"
+
+    def leave() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)  # the thread's device is 0 otherwise
+        if nccl:
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+
+    thread = threading.Thread(target=leave, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()
 
 
 class TensorParallelGroup:

@@ -1,0 +1,65 @@
+"""Smoke tests of `benchmarks/mla_decode.py`: `--help`, the clear exit (code 2) of a full run
+without CUDA, and the `--quick` CPU run (Triton's interpreter, tiny shapes) writing its JSON.
+No timing assertions: the numbers depend on the machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "mla_decode.py"
+
+
+def test_help(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--out", "--quick", "--heads", "--batches", "--contexts", "--tiles"):
+        assert flag in text
+
+
+def test_bad_tiles_are_rejected(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--quick", "--tiles", "16,1,16"])
+    assert exc.value.code == 2
+    assert "BH,BQ,BN,WARPS,STAGES" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_full_run_without_cuda_exits_with_code_2(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--out", str(tmp_path / "results")])
+    assert exc.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke mode")
+def test_quick_mode_writes_expected_json(bench, tmp_path, monkeypatch):
+    # The machine record is the harness's (tested there); a fixed one keeps this run hermetic.
+    monkeypatch.setattr(bench, "machine_info", lambda: {"cpu_model": "test"})
+    argv = ["--quick", "--batches", "1,2", "--contexts", "40", "--out", str(tmp_path)]
+    bench.main(argv)
+    data = json.loads((tmp_path / "mla_decode.json").read_text())
+    for key in ("schema", "command", "machine", "params", "ceilings", "shapes", "verdicts"):
+        assert key in data, key
+    assert data["mode"] == "quick" and data["errors"] == []
+    assert data["ceilings"]["copy"]["tb_s"] > 0
+    assert data["oracle_check"]["ok"]
+    assert [(s["heads"], s["batch"], s["ctx"]) for s in data["shapes"]] == [
+        (16, 1, 40),
+        (16, 2, 40),
+    ]
+    for shape in data["shapes"]:
+        assert shape["latent_bytes"] == shape["batch"] * 40 * (64 + 16) * 4
+        assert shape["best"]["tb_s"] > 0 and shape["best"]["pct_of_copy"] > 0
+        for peer in ("gather_sdpa", "sdpa_dense"):
+            assert shape[peer]["vs_ours"]["ok"], (peer, shape[peer])
+            assert shape[peer]["ours_speedup"] > 0
+    assert all(v["met"] for v in data["verdicts"])
+    if data["png"]:
+        assert Path(data["png"]).exists()

@@ -1,0 +1,411 @@
+"""DeepSeek MLA (weight-absorbed) attention over a paged latent cache: the plan, the scratch and
+the launchers of `kernels/mla_attention.py`.
+
+Host work once per batch: `plan_mla` picks the tiles from the head count and query length and,
+for decode-shaped batches whose programs would under-fill the GPU, a split-KV plan; `MLAScratch`
+holds the split's float32 partial results and is sized once (`ensure`) before any launch or
+graph capture. Device work per layer: `mla_attention` and `write_latent_cache` validate shapes
+on the host and launch; neither reads a device value on the host nor allocates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+import triton
+
+from unified_attn.backends.triton.kernels.mla_attention import (
+    mla_attention_kernel,
+    mla_merge_kernel,
+    write_latent_cache_kernel,
+)
+from unified_attn.backends.triton.ops import (
+    SUPPORTED_DTYPES,
+    SplitPlan,
+    num_multiprocessors,
+)
+from unified_attn.utils import Validator, cdiv
+
+MAX_SEGMENTS = 64
+MAX_UNIFORM_QUERY_LEN = 16  # longer uniform batches take the ragged path (one compile for all)
+SPLIT_MAX_QUERY_LEN = 8  # decode and spec-decode verification may split; prefill never does
+SEGMENT_ROUND = 64  # segments are multiples of this many keys (and of the tile)
+
+
+def _power_of_two(what: str, least: int = 1) -> Validator:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not isinstance(value, int) or value < least or value & (value - 1):
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name} must be a power of two >= {least} "
+                f"({what}), got {value!r}"
+            )
+
+    return check
+
+
+@attrs.frozen
+class MLATiles:
+    """Launch shape of one MLA program: BLOCK_Q tokens x BLOCK_H heads against BLOCK_N keys."""
+
+    block_h: int = attrs.field(validator=_power_of_two("heads per program"))
+    block_q: int = attrs.field(validator=_power_of_two("query tokens per program"))
+    block_n: int = attrs.field(validator=_power_of_two("keys per tile", 16))
+    num_warps: int = attrs.field(validator=_power_of_two("warps", 1))
+    num_stages: int = attrs.field(validator=attrs.validators.ge(1))
+    # Programs one SM runs at once (what the split plan fills the GPU with).
+    programs_per_sm: int = attrs.field(default=1, validator=attrs.validators.ge(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.block_h * self.block_q < 16:
+            raise ValueError(
+                f"MLATiles: block_h * block_q must be >= 16 (a tensor-core tile), got "
+                f"{self.block_h} * {self.block_q}"
+            )
+
+    @property
+    def block_m(self) -> int:
+        return self.block_h * self.block_q
+
+
+def mla_tiles(num_heads: int, max_query_len: int, dtype: torch.dtype) -> MLATiles:
+    """Default tiles. Decode: one token x up to 64 heads (a Hopper warpgroup MMA is 64 rows);
+    with fewer heads, queries of the same request fill the 64 rows. float32 tiles are small:
+    its tiles are twice the bytes and its dots run on CUDA cores (tests only)."""
+    heads = max(16, triton.next_power_of_2(num_heads))
+    if dtype == torch.float32:
+        block_h = min(heads, 16)
+        return MLATiles(block_h, 1 if max_query_len <= 1 else 16 // block_h, 16, 4, 1)
+    block_h = min(heads, 64)
+    block_q = 1 if max_query_len <= 1 else min(64 // block_h, triton.next_power_of_2(max_query_len))
+    if block_h * block_q >= 64:
+        # 64 rows: two warpgroups, each with half of the [64, 512] float32 accumulator (128
+        # registers a thread). Shared memory: the queries (72 KiB) and two stages of 64 keys
+        # (2 x 72 KiB), which fits Hopper's 227 KiB (elsewhere pass tiles with block_n 32).
+        # On an H100 (H 128, B 64, 8k) 64 keys a tile took 584 us, 32 keys 773 us: the two
+        # warpgroups split the keys of the score dot, so each reads all the queries per tile.
+        return MLATiles(block_h, block_q, 64, 8, 2, programs_per_sm=1)
+    # 16 rows (H 16 at TP 8: 2.67 TB/s on an H100 at B 64, 8k, 89% of its copy bandwidth) use
+    # 92 KiB of shared memory, so two programs share an SM; 32 rows use 180 KiB.
+    return MLATiles(block_h, block_q, 64, 4, 2, programs_per_sm=2 if block_h * block_q == 16 else 1)
+
+
+@attrs.frozen
+class MLAPlan:
+    """What one batch's MLA launches need from the host: tiles, split-KV (None: one segment)
+    and, when every request has the same number of query tokens, that number (the kernel then
+    maps programs to requests without searching)."""
+
+    tiles: MLATiles
+    split: SplitPlan | None
+    uniform_query_len: int  # 0: ragged
+
+
+def plan_mla(
+    *,
+    num_reqs: int,
+    num_tokens: int,
+    num_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    tiles: MLATiles | None = None,
+    num_segments: int | None = None,
+) -> MLAPlan:
+    """Plan a batch of `num_reqs` requests, `num_tokens` query rows, from host values.
+
+    `num_segments`: None chooses split-KV automatically (decode-shaped batches that would leave
+    SMs idle); 1 never splits; k > 1 forces k segments (tests, tuning). Under CUDA graphs, plan
+    the capture with the largest `max_seq_len` a replay may see (longer contexts stay correct:
+    the last segment takes every key past the others, only balance suffers).
+    """
+    tiles = tiles or mla_tiles(num_heads, max_query_len, dtype)
+    uniform = (
+        max_query_len
+        if 0 < max_query_len <= MAX_UNIFORM_QUERY_LEN and num_tokens == num_reqs * max_query_len
+        else 0
+    )
+    if num_segments is None:
+        num_segments = auto_segments(tiles, num_reqs, num_heads, max_query_len, max_seq_len, device)
+    if num_segments < 1:
+        raise ValueError(f"num_segments must be None or >= 1, got {num_segments}")
+    split = None
+    if num_segments > 1:
+        segment = cdiv(cdiv(max(max_seq_len, 1), num_segments), tiles.block_n) * tiles.block_n
+        split = SplitPlan(num_segments, segment)
+    return MLAPlan(tiles, split, uniform)
+
+
+def auto_segments(
+    tiles: MLATiles,
+    num_reqs: int,
+    num_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    device: torch.device,
+) -> int:
+    """The segment count with the least modelled time: waves of programs (rounded up to whole
+    waves of `num_multiprocessors * programs_per_sm`) times keys per program, plus per program
+    the query load and, when split, the partial output written and merged (in key-equivalents
+    of bytes)."""
+    if max_query_len > SPLIT_MAX_QUERY_LEN or num_reqs == 0:
+        return 1
+    programs = num_reqs * cdiv(num_heads, tiles.block_h) * cdiv(max_query_len, tiles.block_q)
+    slots = num_multiprocessors(device) * tiles.programs_per_sm
+    # A latent key is (L + R) * 2 bytes; a partial row is L * 4 bytes, written then read: about
+    # 4 keys' worth per row for L=512, R=64.
+    fixed = tiles.block_m
+    split_cost = 4 * tiles.block_m
+
+    def cost(s: int) -> int:
+        keys = cdiv(cdiv(max_seq_len, s), SEGMENT_ROUND) * SEGMENT_ROUND
+        return cdiv(programs * s, slots) * (keys + fixed + (split_cost if s > 1 else 0))
+
+    most = min(MAX_SEGMENTS, max(1, max_seq_len // (2 * SEGMENT_ROUND)))
+    return min(range(1, most + 1), key=cost)  # ties: the fewest segments
+
+
+@attrs.define
+class MLAScratch:
+    """Persistent float32 split-KV partial results: `acc [rows * segments, L]` and
+    `lse [rows * segments]`, with rows = tokens x heads. `ensure` (host, before launches or a
+    graph capture) grows them; the launch only checks that they are large enough."""
+
+    acc: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+    def ensure(
+        self,
+        num_tokens: int,
+        num_heads: int,
+        num_segments: int,
+        kv_lora_rank: int,
+        device: torch.device,
+    ) -> None:
+        need = num_tokens * num_heads * num_segments
+        if self.fits(need, kv_lora_rank):
+            return
+        self.acc = torch.empty(need, kv_lora_rank, dtype=torch.float32, device=device)
+        self.lse = torch.empty(need, dtype=torch.float32, device=device)
+
+    def fits(self, rows: int, kv_lora_rank: int) -> bool:
+        return (
+            self.acc is not None
+            and self.lse is not None
+            and self.lse.numel() >= rows
+            and self.acc.shape[1] == kv_lora_rank
+        )
+
+
+def _dtype_error(name: str, tensor: torch.Tensor, expected: object) -> ValueError:
+    return ValueError(f"{name}: expected dtype {expected}, found {tensor.dtype}")
+
+
+def _shape_error(name: str, expected: str, tensor: torch.Tensor) -> ValueError:
+    return ValueError(f"{name}: expected shape {expected}, found {tuple(tensor.shape)}")
+
+
+def _check_index(name: str, tensor: torch.Tensor, dims: int, dtype: torch.dtype) -> None:
+    if tensor.dim() != dims:
+        raise _shape_error(name, f"a {dims}-d tensor", tensor)
+    if tensor.dtype != dtype:
+        raise _dtype_error(name, tensor, dtype)
+    if tensor.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: expected a contiguous last dimension, found strides {tensor.stride()}"
+        )
+
+
+def _check_latent_dims(kv_lora_rank: int, rope_dim: int) -> None:
+    for name, value in (("kv_lora_rank", kv_lora_rank), ("rope dim (q.shape[-1] - L)", rope_dim)):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name}: expected a power of two >= 16, found {value}")
+
+
+def _check_cache(latent_cache: torch.Tensor, dtype: torch.dtype, dim: int) -> None:
+    if latent_cache.dim() != 3 or latent_cache.shape[2] != dim:
+        raise _shape_error("latent_cache", f"[num_blocks, block_size, {dim}]", latent_cache)
+    if latent_cache.dtype != dtype:
+        raise _dtype_error("latent_cache", latent_cache, dtype)
+    if latent_cache.stride(2) != 1:
+        raise ValueError(
+            f"latent_cache: expected a contiguous last dimension, found strides "
+            f"{latent_cache.stride()}"
+        )
+
+
+def _check_attention_inputs(
+    q: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    kv_lora_rank: int,
+) -> None:
+    if q.dim() != 3:
+        raise _shape_error("q", "[num_tokens, num_heads, L + R]", q)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise _dtype_error("q", q, f"one of {SUPPORTED_DTYPES}")
+    num_tokens, num_heads, dim = q.shape
+    _check_latent_dims(kv_lora_rank, dim - kv_lora_rank)
+    if q.stride(2) != 1:
+        raise ValueError(f"q: expected a contiguous last dimension, found strides {q.stride()}")
+    _check_cache(latent_cache, q.dtype, dim)
+    if out.shape != (num_tokens, num_heads, kv_lora_rank):
+        raise _shape_error("out", f"({num_tokens}, {num_heads}, {kv_lora_rank})", out)
+    if out.dtype != q.dtype:
+        raise _dtype_error("out", out, q.dtype)
+    if out.stride(2) != 1:
+        raise ValueError(f"out: expected a contiguous last dimension, found strides {out.stride()}")
+    _check_index("seq_lens", seq_lens, 1, torch.int32)
+    _check_index("block_table", block_table, 2, torch.int32)
+    _check_index("query_start_loc", query_start_loc, 1, torch.int32)
+    num_reqs = seq_lens.shape[0]
+    if block_table.shape[0] != num_reqs:
+        raise _shape_error("block_table", f"[{num_reqs} (len(seq_lens)), max_blocks]", block_table)
+    if query_start_loc.shape[0] != num_reqs + 1:
+        raise _shape_error(
+            "query_start_loc", f"[{num_reqs + 1}] (len(seq_lens) + 1)", query_start_loc
+        )
+    for name, t in (
+        ("latent_cache", latent_cache),
+        ("out", out),
+        ("seq_lens", seq_lens),
+        ("block_table", block_table),
+        ("query_start_loc", query_start_loc),
+    ):
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected device {q.device} (q's), found {t.device}")
+
+
+def mla_attention(
+    q: torch.Tensor,
+    latent_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    kv_lora_rank: int,
+    *,
+    plan: MLAPlan,
+    scratch: MLAScratch | None = None,
+) -> torch.Tensor:
+    """Weight-absorbed MLA attention of `q [T, H, L + R]` over `latent_cache [num_blocks,
+    block_size, L + R]`; writes and returns `out [T, H, L]`.
+
+    Request i owns rows `[query_start_loc[i], query_start_loc[i + 1])`; its row j sits at
+    position `seq_lens[i] - q_len_i + j` and attends causally to cached positions `[0,
+    position]`, position p read at `latent_cache[block_table[i, p // block_size], p %
+    block_size]`: all L + R dims are the key, the first L the value. A request with seq_len 0
+    (padding) gets zeros. `plan` comes from `plan_mla` for this batch; a split plan needs a
+    `scratch` already `ensure`d for at least T x H x num_segments rows.
+    """
+    _check_attention_inputs(
+        q, latent_cache, block_table, query_start_loc, seq_lens, out, kv_lora_rank
+    )
+    num_tokens, num_heads, _ = q.shape
+    num_reqs = seq_lens.shape[0]
+    tiles, split = plan.tiles, plan.split
+    if plan.uniform_query_len and num_tokens != num_reqs * plan.uniform_query_len:
+        raise ValueError(
+            f"plan: expected {num_reqs} requests x {plan.uniform_query_len} query tokens (the "
+            f"plan's uniform_query_len), found {num_tokens} tokens; plan this batch with plan_mla"
+        )
+    if num_tokens == 0 or num_reqs == 0:
+        return out
+    num_segments = split.num_segments if split else 1
+    part_acc, part_lse = _partials(split, scratch, num_tokens * num_heads, kv_lora_rank, out)
+    if split is not None and split.segment % tiles.block_n:
+        raise ValueError(
+            f"plan.split.segment: expected a multiple of block_n={tiles.block_n}, found "
+            f"{split.segment}"
+        )
+    page = latent_cache.shape[1]
+    if plan.uniform_query_len:
+        q_blocks = num_reqs * cdiv(plan.uniform_query_len, tiles.block_q)
+    else:
+        q_blocks = num_tokens // tiles.block_q + num_reqs
+    grid = (cdiv(num_heads, tiles.block_h), q_blocks, num_segments)
+    mla_attention_kernel[grid](
+        out, q, latent_cache, block_table, seq_lens, query_start_loc, part_acc, part_lse,
+        scale * 1.4426950408889634, num_reqs, num_heads, split.segment if split else 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
+        KV_LORA_RANK=kv_lora_rank, ROPE_DIM=q.shape[2] - kv_lora_rank, PAGE=page,
+        BLOCK_H=tiles.block_h, BLOCK_Q=tiles.block_q, BLOCK_N=tiles.block_n,
+        UNIFORM_QUERY_LEN=plan.uniform_query_len, TILE_IN_PAGE=page % tiles.block_n == 0,
+        SPLIT=split is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if split is not None:
+        mla_merge_kernel[(num_tokens, num_heads)](
+            out, part_acc, part_lse, num_heads, num_segments, out.stride(0), out.stride(1),
+            KV_LORA_RANK=kv_lora_rank, SEGMENTS_PAD=triton.next_power_of_2(num_segments),
+        )  # fmt: skip
+    return out
+
+
+def _partials(
+    split: SplitPlan | None,
+    scratch: MLAScratch | None,
+    rows: int,
+    kv_lora_rank: int,
+    dummy: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scratch buffers a split launch writes (unused placeholders without a split)."""
+    if split is None:
+        return dummy, dummy
+    need = rows * split.num_segments
+    if scratch is None or not scratch.fits(need, kv_lora_rank):
+        raise ValueError(
+            f"scratch: expected an MLAScratch ensured for {rows} rows (tokens x heads) x "
+            f"{split.num_segments} segments of {kv_lora_rank} dims, found "
+            f"{'None' if scratch is None else 'one too small'}; call scratch.ensure(...) "
+            "when planning, before the launch (or a CUDA-graph capture)"
+        )
+    assert scratch.acc is not None and scratch.lse is not None
+    if scratch.acc.device != dummy.device:
+        raise ValueError(f"scratch: expected device {dummy.device}, found {scratch.acc.device}")
+    return scratch.acc, scratch.lse
+
+
+def write_latent_cache(
+    latent: torch.Tensor, latent_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write `latent [T, L + R]` (normed c, then roped k_pe) into `latent_cache [num_blocks,
+    block_size, L + R]` at `slot_mapping [T]` int64 (slot = block * block_size + offset; -1 =
+    padding, skipped).
+
+    A Triton kernel rather than `index_copy_`: skipping the -1 slots in torch needs a boolean
+    mask (a host sync) or a scratch row to dump padding into, and `index_copy_` on a view with a
+    block stride larger than a page cannot flatten to rows; the kernel is one program per token
+    and reads nothing back on the host.
+    """
+    if latent.dim() != 2:
+        raise _shape_error("latent", "[num_tokens, L + R]", latent)
+    if latent.dtype not in SUPPORTED_DTYPES:
+        raise _dtype_error("latent", latent, f"one of {SUPPORTED_DTYPES}")
+    if latent.stride(1) != 1:
+        raise ValueError(
+            f"latent: expected a contiguous last dimension, found strides {latent.stride()}"
+        )
+    num_tokens, dim = latent.shape
+    _check_cache(latent_cache, latent.dtype, dim)
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] < num_tokens:
+        raise _shape_error(
+            "slot_mapping", f"[>= {num_tokens}] (one slot per latent row)", slot_mapping
+        )
+    if slot_mapping.dtype != torch.int64:
+        raise _dtype_error("slot_mapping", slot_mapping, torch.int64)
+    if num_tokens == 0:
+        return
+    write_latent_cache_kernel[(num_tokens,)](
+        latent, latent_cache, slot_mapping,
+        latent.stride(0), latent_cache.stride(0), latent_cache.stride(1),
+        DIM=dim, DIM_PAD=triton.next_power_of_2(dim), PAGE=latent_cache.shape[1],
+    )  # fmt: skip
