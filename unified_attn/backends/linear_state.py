@@ -7,6 +7,11 @@ Prefill chunks use the exact chunkwise-parallel form; the state is carried betwe
 the block of `StateManager` (mode "none": table column 0; mode "align": read at position
 `(computed - 1) // block_size`, write at `(computed + new - 1) // block_size`, see
 `unified_attn/managers/state.py`). A request with nothing computed starts from zeros.
+
+In batch-invariant mode the recurrence runs token by token (`gated_linear_recurrence`): the
+chunkwise form's bits depend on where a step's chunk begins, so a prompt split differently by
+the scheduler (or resumed from a cached state) would end in another state; token by token,
+token t's output and state depend only on the tokens up to t.
 """
 
 from __future__ import annotations
@@ -73,7 +78,7 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
-        return True  # every request is computed on its own
+        return True  # every request on its own; token by token in batch-invariant mode
 
     def get_cache_config(self) -> CacheConfig:
         spec = StateSpec(
@@ -132,13 +137,14 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         states = self.states[layer.name]
         out = output.view(q.shape)
         plan = self.current_plan()
+        scan = gated_linear_recurrence if self.batch_invariant else gated_linear_attention
         for start, end, read, write in plan.requests[self.group_of_layer[layer.name]]:
             state = (
                 states[read].clone()
                 if read is not None
                 else torch.zeros(states.shape[1:], dtype=torch.float32, device=q.device)
             )
-            o, state = gated_linear_attention(
+            o, state = scan(
                 q[start:end], k[start:end], v[start:end], log_gate[start:end], state, layer.scale
             )
             out[start:end] = o.to(out.dtype)
@@ -168,3 +174,24 @@ def gated_linear_attention(
         weights = torch.exp(b[:, -1:] - b)[:, :, None]  # [H, L, 1]
         state = torch.exp(b[:, -1])[:, None, None] * state + (kc * weights).transpose(1, 2) @ vc
     return torch.cat(outputs), state
+
+
+def gated_linear_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_gate: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gated_linear_attention`, one token at a time: `S = g_t * S + k_t^T v_t`, then
+    `o_t = scale * q_t S`, every op on tensors of one token's shape. Token t's bits depend on
+    the tokens up to t and the starting state only, never on how the tokens were split into
+    steps: the batch-invariant form."""
+    outputs = []
+    for t in range(q.shape[0]):
+        qt, kt, vt = q[t].float(), k[t].float(), v[t].float()  # [H, D]
+        gate = torch.exp(log_gate[t].float())[:, None, None]  # [H, 1, 1]
+        state = gate * state + kt[:, :, None] * vt[:, None, :]
+        outputs.append(scale * (qt[:, None, :] @ state)[:, 0])
+    return torch.stack(outputs), state

@@ -14,6 +14,7 @@ from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.models.config import LayerKind, ModelConfig
+from unified_attn.models.invariant import invariant_linear, make_batch_invariant
 from unified_attn.models.layers import (
     FLOAT32_PARAMS,
     DecoderLayer,
@@ -75,7 +76,14 @@ class _Backbone(nn.Module):
 
 class DecoderModel(nn.Module):
     """Inference-only decoder. Weights start as zeros (norms as the identity): call
-    `init_random_weights` or load a state dict (see `load_hf_model`)."""
+    `init_random_weights` or load a state dict (see `load_hf_model`).
+
+    `backend_options={"batch_invariant": True}` builds the backends in batch-invariant mode and
+    swaps the model's matmuls, norms and router for their batch-invariant forms
+    (`models/invariant`), the LM head included: a row's logits then never depend on the
+    batch."""
+
+    batch_invariant: bool
 
     def __init__(
         self,
@@ -109,6 +117,9 @@ class DecoderModel(nn.Module):
         self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._fill_constant()
         self.requires_grad_(False)
+        self.batch_invariant = False
+        if (backend_options or {}).get("batch_invariant", False):
+            make_batch_invariant(self)
 
     @staticmethod
     def _make_backends(
@@ -200,7 +211,8 @@ class DecoderModel(nn.Module):
         """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32 (soft-capped in the
         model dtype with `final_logit_softcap`, as transformers)."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        logits = nn.functional.linear(hidden, head.weight)
+        linear = invariant_linear if self.batch_invariant else nn.functional.linear
+        logits = linear(hidden, head.weight)
         if self.gather_logits is not None:
             logits = self.gather_logits(logits)
         cap = self.config.final_logit_softcap

@@ -33,11 +33,16 @@ class LinearAttention(nn.Module):
         """positions `[T]` (unused: no RoPE), hidden `[T, hidden_size]` -> `[T, hidden_size]`."""
         lc = self.layer_config
         num_tokens = hidden.shape[0]
-        q = F.normalize(self.q_proj(hidden).view(num_tokens, lc.num_heads, lc.head_size), dim=-1)
-        k = F.normalize(self.k_proj(hidden).view(num_tokens, lc.num_heads, lc.head_size), dim=-1)
+        q = self._normalize(self.q_proj(hidden).view(num_tokens, lc.num_heads, lc.head_size))
+        k = self._normalize(self.k_proj(hidden).view(num_tokens, lc.num_heads, lc.head_size))
         v = self.v_proj(hidden).view(num_tokens, lc.num_heads, lc.head_size)
         log_gate = F.logsigmoid(self.g_proj(hidden).float())  # [T, H]
         output = torch.empty(num_tokens, lc.num_heads * lc.head_size, dtype=hidden.dtype,
                              device=hidden.device)  # fmt: skip
         self.backend.forward(lc, output, q, k, v, log_gate=log_gate)
         return self.o_proj(output)
+
+    @staticmethod
+    def _normalize(x: torch.Tensor) -> torch.Tensor:
+        """L2 over each head (batch-invariant mode replaces it)."""
+        return F.normalize(x, dim=-1)

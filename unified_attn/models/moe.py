@@ -40,15 +40,29 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x `[T, H]` -> (routing weights `[T, k]`, expert ids `[T, k]`); the weights are in x's
         dtype for `"top_k"`, for `"all"` float32 unless `routing_weights_dtype="model"`."""
-        logits = nn.functional.linear(x, self.weight, self.bias)  # [T, E]
+        logits = self._logits(x)  # [T, E]
         if self.softmax == "top_k":
             top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)
-            return torch.softmax(top_logits, dim=-1, dtype=top_logits.dtype), top_ids
-        probs = torch.softmax(logits.float(), dim=-1)
+            return self._softmax(top_logits, top_logits.dtype), top_ids
+        probs = self._softmax(logits, torch.float32)
         top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm:
-            top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+            top_probs = top_probs / self._sum(top_probs)
         return (top_probs.to(x.dtype) if self.round_weights else top_probs), top_ids
+
+    # The ops batch-invariant mode replaces (`models/invariant/model.py`).
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight, self.bias)
+
+    @staticmethod
+    def _softmax(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Over the last dimension, computed in `dtype` (x cast first)."""
+        return torch.softmax(x.to(dtype), dim=-1)
+
+    @staticmethod
+    def _sum(x: torch.Tensor) -> torch.Tensor:
+        """`[T, k] -> [T, 1]`: each row's sum."""
+        return x.sum(dim=-1, keepdim=True)
 
 
 def _expert_weight(
@@ -72,12 +86,17 @@ class Experts(nn.Module):
 
     def expert(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Expert `index` on every token: x `[T, H]` -> `[T, H]`."""
-        gate_up = x @ self.gate_up_proj[index] + self.gate_up_proj_bias[index]  # [T, 2I]
+        gate_up = self._project(x, self.gate_up_proj[index], self.gate_up_proj_bias[index])
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
         glu = gate * torch.sigmoid(gate * self.alpha)
-        return ((up + 1) * glu) @ self.down_proj[index] + self.down_proj_bias[index]
+        return self._project((up + 1) * glu, self.down_proj[index], self.down_proj_bias[index])
+
+    @staticmethod
+    def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """`x [T, K] @ w [K, N] + bias [N]` (batch-invariant mode replaces it)."""
+        return x @ w + bias
 
     def forward(
         self, x: torch.Tensor, routing_weights: torch.Tensor, expert_ids: torch.Tensor

@@ -15,6 +15,7 @@ import attrs
 from unified_attn.managers import KVCacheManager
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
+from unified_attn.models.invariant import require_batch_invariant
 from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
 from unified_attn.runner.detokenizer import IncrementalText
@@ -54,6 +55,19 @@ from unified_attn.runner.tensor_parallel import (
 )
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
+from unified_attn.selector import batch_invariant_from_env
+
+
+def check_batch_invariant_options(config: EngineConfig) -> None:
+    """Refuse the engine options batch-invariant mode cannot honour, before anything starts."""
+    if config.tensor_parallel_size > 1:
+        raise ValueError(
+            f"batch-invariant mode cannot run with tensor_parallel_size="
+            f"{config.tensor_parallel_size}: row-parallel layers sum the ranks' partial results "
+            "with an all-reduce whose algorithm (and so its order of additions) NCCL picks by "
+            "message size, i.e. by the batch; use tensor_parallel_size=1 or turn the mode off"
+        )
+
 
 # ---- the engine's per-request state ------------------------------------------------------------
 
@@ -87,6 +101,9 @@ class LLMEngine(KVCacheAccess):
     def __init__(self, model: str = "tiny-llama", **kwargs: Any) -> None:
         check_engine_options(kwargs)
         self.config = config = EngineConfig(model=model, **kwargs)
+        self.batch_invariant = config.batch_invariant or batch_invariant_from_env()
+        if self.batch_invariant:
+            check_batch_invariant_options(config)
         self.device = resolve_device(config.device)
         # tensor parallelism: under torchrun, ranks 1..N-1 serve rank 0 here and never return;
         # else rank 0 spawns them now and they build their shards alongside
@@ -104,6 +121,8 @@ class LLMEngine(KVCacheAccess):
     def _build(self, config: EngineConfig) -> None:
         n = config.tensor_parallel_size
         source = rank_model(config, 0, n) if n > 1 else load_model(config)
+        if self.batch_invariant:  # what the mode cannot vouch for is refused, never run
+            require_batch_invariant(source.model)
         self.model, self.tokenizer, self.backend_cls = (
             source.model,
             source.tokenizer,

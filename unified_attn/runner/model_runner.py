@@ -161,7 +161,8 @@ class ModelRunner:
         max_tokens = max([max_model_len] + [n for n in encoder_limits(plan)])
         self.block_tables = BlockTables(self.block_sizes, max_num_seqs, max_tokens)
         self.backend_groups = backend_group_ids(plan)
-        self.sampler = Sampler(self.device, seed, eos_token_ids)
+        invariant = getattr(model, "batch_invariant", False)
+        self.sampler = Sampler(self.device, seed, eos_token_ids, batch_invariant=invariant)
         self.graphs: DecodeGraphs | None = None
         graphs_supported = (
             bool(self.backend_groups)

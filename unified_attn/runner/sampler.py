@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import torch
 
+from unified_attn.models.invariant import log_softmax
 from unified_attn.request import Request
 from unified_attn.sampling_params import SamplingParams
 
@@ -79,6 +80,10 @@ def apply_penalties(
     return logits - params.frequency_penalty * counts - params.presence_penalty * in_output
 
 
+def _torch_log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits, dim=-1)
+
+
 def stop_token_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
     """The tokens `min_tokens` holds back: the request's stop tokens and, unless it ignores EOS,
     the model's EOS tokens."""
@@ -90,9 +95,19 @@ class Sampler:
     (across preemption), others share the engine's."""
 
     def __init__(
-        self, device: torch.device, seed: int = 0, eos_token_ids: Sequence[int] = ()
+        self,
+        device: torch.device,
+        seed: int = 0,
+        eos_token_ids: Sequence[int] = (),
+        *,
+        batch_invariant: bool = False,
     ) -> None:
         self.device = device
+        # Batch-invariant mode: log-probabilities of each row on its own (the rest of sampling
+        # already works on one `[V]` row at a time).
+        self.log_softmax: Callable[[torch.Tensor], torch.Tensor] = (
+            log_softmax if batch_invariant else _torch_log_softmax
+        )
         self.eos_token_ids = tuple(eos_token_ids)
         self.default_generator = torch.Generator(device=device).manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
@@ -214,7 +229,7 @@ class Sampler:
         rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
         if not rows:
             return out
-        logprobs = torch.log_softmax(logits[rows].float(), dim=-1)
+        logprobs = self.log_softmax(logits[rows].float())
         sampled = torch.tensor([tokens[i] for i in rows], device=logprobs.device)
         sampled_lp = logprobs.gather(1, sampled[:, None])
         ranks = (logprobs >= sampled_lp).sum(dim=-1).tolist()
