@@ -135,7 +135,8 @@ def select_backend(
         raise ValueError(
             f"no attention backend can serve {cfgs[0] if len(cfgs) == 1 else cfgs}:\n"
             + "\n".join(report)
-            + "\nChange the model dtype, head size or device, or register a backend."
+            + "\nChange the model dtype, KV-cache dtype, head size or device, or register a "
+            "backend."
         )
     return max(candidates, key=lambda c: c[0])[2]
 

@@ -20,6 +20,7 @@ SUPPORTED = [
     "BertModel",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
+    "DeepseekV4ForCausalLM",
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "GptOssForCausalLM",

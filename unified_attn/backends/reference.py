@@ -2,7 +2,8 @@
 
 Readable rather than fast: attention is computed per request in float32 with an explicit mask.
 `prep_forward` turns the batch into index tensors once per step; `forward` only indexes, writes
-the cache and computes.
+the cache and computes. With `kv_cache_dtype="fp8"` the cache holds float8 e4m3 (`kv_quant`):
+writes quantize with saturation, reads dequantize to float32 before the attention.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from unified_attn.backend import (
     AttentionType,
     CommonAttentionMetadata,
     LayerConfig,
+)
+from unified_attn.backends.kv_quant import (
+    KVScales,
+    dequantize_fp8,
+    fp8_name_as_dtype,
+    fp8_scales,
+    kv_cache_dtype_reasons,
+    quantize_fp8,
+    step_writes_keys,
 )
 from unified_attn.selector import SelectorConfig, register_backend
 
@@ -65,12 +75,14 @@ class ReferencePlan:
 class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
     name = "reference"
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**fp8_name_as_dtype(kwargs))
+        # fp8 cache: each layer's K/V scales (None: the cache holds the model dtype)
+        self.kv_scales: KVScales | None = fp8_scales(self)
+
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
-        reasons = []
-        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
-            reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
-        return reasons
+        return kv_cache_dtype_reasons(cls.name, cfg)
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
@@ -114,6 +126,9 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
             },
             cross={gid: self._cross_index(common, gid, block_tables[gid]) for gid in gids if cross},
         )
+        if self.kv_scales is not None:  # fp8 cache: calibrate the layers in this step?
+            writes = step_writes_keys(common, gids, cross)
+            self.kv_scales.begin_step(writes, for_cudagraph_capture)
 
     def _cross_index(
         self, common: CommonAttentionMetadata, gid: int, block_table: torch.Tensor
@@ -168,6 +183,12 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
             prefill_keys=prefill_keys,
         )
 
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        super().bind_kv_caches(kv_caches, block_table_map)
+        if self.kv_scales is not None and kv_caches:
+            device = next(iter(kv_caches.values())).device
+            self.kv_scales.bind(kv_caches, device)
+
     def _block_size(self, gid: int) -> int:
         """Tokens per block of group `gid`, read off a bound cache view."""
         for name, group in self.group_of_layer.items():
@@ -194,19 +215,21 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                     layer, q[start:end], k[start:end], v[start:end], 0, sinks, alibi
                 )
             return output
+        scales = kwargs.get("kv_scales")
         if layer.attn_type == AttentionType.ENCODER_DECODER:
-            return self._cross_attention(layer, output, q, k, v, plan)
+            return self._cross_attention(layer, output, q, k, v, plan, scales)
         index = plan.groups[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
-        cache[index.write_blocks, 0, index.write_offsets] = k[index.write_rows]
-        cache[index.write_blocks, 1, index.write_offsets] = v[index.write_rows]
+        rows = index.write_rows
+        scales = self._layer_scales(layer, scales, k[rows], v[rows])
+        write_cache(cache, index.write_blocks, index.write_offsets, k[rows], v[rows], scales)
         if len(plan.decode_tokens):
             blocks, offsets = index.decode_blocks, index.decode_offsets  # [Bd, S], [S]
             out[plan.decode_tokens] = attend_batch(
                 layer,
                 q[plan.decode_tokens][:, None],
-                cache[blocks, 0, offsets],
-                cache[blocks, 1, offsets],
+                read_cache(cache, blocks, offsets, 0, scales),
+                read_cache(cache, blocks, offsets, 1, scales),
                 plan.decode_pos[:, None],
                 plan.decode_valid,
                 sinks,
@@ -219,14 +242,31 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
             out[start:end] = attend(
                 layer,
                 q[start:end],
-                cache[blocks, 0, offsets],  # [S, Hkv, D]
-                cache[blocks, 1, offsets],
+                read_cache(cache, blocks, offsets, 0, scales),  # [S, Hkv, D]
+                read_cache(cache, blocks, offsets, 1, scales),
                 plan.computed[i],
                 sinks,
                 alibi,
                 self.num_sink_tokens,
             )
         return output
+
+    def _layer_scales(
+        self,
+        layer: LayerConfig,
+        given: torch.Tensor | None,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """fp8 cache: the layer's `[2]` K/V scales, calibrated first from the keys and values
+        `[W, Hkv, D]` this step writes if it is pending (the checkpoint's `given` scales are
+        never calibrated); None for a cache of the model dtype."""
+        if self.kv_scales is None:
+            return None
+        scales = self.kv_scales.of(layer, given)
+        if given is None and self.kv_scales.take_pending(layer.name):
+            self.kv_scales.calibrate_layer(layer.name, k, v)
+        return scales
 
     def _cross_attention(
         self,
@@ -236,20 +276,51 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
         k: torch.Tensor,
         v: torch.Tensor,
         plan: ReferencePlan,
+        given_scales: torch.Tensor | None,
     ) -> torch.Tensor:
         """Write the encoder keys of this step, then every request's queries attend over all
         of its encoder keys (no mask)."""
         index = plan.cross[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]
-        cache[index.write_blocks, 0, index.write_offsets] = k[index.write_rows]
-        cache[index.write_blocks, 1, index.write_offsets] = v[index.write_rows]
+        rows = index.write_rows
+        scales = self._layer_scales(layer, given_scales, k[rows], v[rows])
+        write_cache(cache, index.write_blocks, index.write_offsets, k[rows], v[rows], scales)
         out = output.view(q.shape)
         for i, (start, end) in enumerate(plan.query_ranges):
             blocks, offsets = index.keys[i]
-            out[start:end] = attend(
-                layer, q[start:end], cache[blocks, 0, offsets], cache[blocks, 1, offsets], 0
-            )
+            keys = read_cache(cache, blocks, offsets, 0, scales)
+            values = read_cache(cache, blocks, offsets, 1, scales)
+            out[start:end] = attend(layer, q[start:end], keys, values, 0)
         return output
+
+
+def write_cache(
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scales: torch.Tensor | None,
+) -> None:
+    """Keys and values `[W, Hkv, D]` into `cache [num_blocks, 2, block_size, Hkv, D]` at
+    `(blocks [W], offsets [W])`; quantized to fp8 with the `[2]` K/V `scales` when given."""
+    if scales is not None:
+        k, v = quantize_fp8(k, scales[0]), quantize_fp8(v, scales[1])
+    cache[blocks, 0, offsets] = k
+    cache[blocks, 1, offsets] = v
+
+
+def read_cache(
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    which: int,
+    scales: torch.Tensor | None,
+) -> torch.Tensor:
+    """Keys (`which` 0) or values (1) at `cache[blocks, which, offsets]`, dequantized to
+    float32 with `scales[which]` when the cache is fp8."""
+    x = cache[blocks, which, offsets]
+    return x if scales is None else dequantize_fp8(x, scales[which])
 
 
 def attention_mask(

@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.harness.plan import REAL_SHAPES
-from unified_attn.runner.model_source import describe_model, describe_models
+from unified_attn.harness.plan import REAL_SHAPES, REAL_V4_SHAPES
+from unified_attn.runner.model_source import describe_model, describe_models, describe_v4_model
 
 
 def add_parser(commands: Any) -> None:
@@ -25,6 +25,7 @@ def add_parser(commands: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     report = describe_models() | {
         "real_shapes": [describe_model(config) for config in REAL_SHAPES.values()]
+        + [describe_v4_model(config) for config in REAL_V4_SHAPES.values()]
     }
     if args.json:
         print(json.dumps(report, indent=2))

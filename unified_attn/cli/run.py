@@ -13,6 +13,7 @@ from typing import Any
 from unified_attn.harness.conformance.prepare import (
     DTYPES,
     add_cwd_to_path,
+    kv_cache_dtype,
     memory_size,
     positive_int,
 )
@@ -63,6 +64,13 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="KV-cache budget, e.g. 64MiB, 2GiB (default: 64MiB on CPU, on CUDA "
         "0.9 of the free memory)",
+    )
+    run.add_argument(
+        "--kv-cache-dtype",
+        type=kv_cache_dtype,
+        default="auto",
+        help="auto (the model dtype) or fp8 (float8 e4m3 with per-layer scales: half the bytes "
+        "of bfloat16, twice the tokens)",
     )
     run.add_argument(
         "--block-size",
@@ -165,6 +173,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "kv_cache_eviction": args.kv_cache_eviction,
         "tensor_parallel_size": args.tensor_parallel_size,
         "batch_invariant": args.batch_invariant,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "seed": args.seed,
         "speculative_method": args.speculative_method,
         "num_speculative_tokens": args.num_speculative_tokens,
@@ -339,6 +348,7 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
         "mode": "generate",
         "num_requests": len(finished),
         "kv_cache": engine.kv_cache_report.as_dict(),
+        "kv_cache_dtype": engine.config.kv_cache_dtype,
         "rank_num_blocks": engine.rank_num_blocks,
         "prefix_cache": {
             "queries": prefix.queries,
@@ -394,7 +404,8 @@ def print_report(report: dict) -> None:
     rows = [
         ("model / backend", f"{report['model']} / {report['backend']} on {report['device']}"),
         ("KV cache", f"{kv['num_blocks']:,} blocks x {kv['bytes_per_block']:,} B "
-                     f"(block size {kv['block_size']}) = {kv['total_bytes'] / 2**20:.1f} MiB"),
+                     f"(block size {kv['block_size']}, {report['kv_cache_dtype']}) = "
+                     f"{kv['total_bytes'] / 2**20:.1f} MiB"),
         ("blocks per rank", ", ".join(f"{n:,}" for n in report["rank_num_blocks"])
          + f" (all ranks use {kv['num_blocks']:,})"),
         ("capacity", f"{kv['capacity_tokens']:,} tokens, max concurrency "

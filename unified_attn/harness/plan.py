@@ -1,6 +1,10 @@
 """Memory planning without allocating: the KV-cache groups of a model, its capacity under a
 memory budget, and the same model with full attention on every layer for comparison.
 
+DeepSeek-V4 models (a preset, `deepseek-v4-flash` or a checkpoint) plan their cache users from
+the model built on the meta device; their comparison keeps one `head_dim` latent per token and
+layer for the whole request (what a cache without windows or compression holds).
+
 `unified-attn plan` takes the defaults of `unified-attn run` on CPU (tiny-llama, 64MiB, the
 model's max_position_embeddings, 512 tokens in flight, float32) and prints the settings it used.
 """
@@ -14,14 +18,29 @@ from typing import Any
 import attrs
 import torch
 
+from unified_attn.backend import LayerConfig
+from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
+from unified_attn.backends.mla import MLAReferenceBackend
 from unified_attn.backends.reference import ReferenceAttentionBackend
-from unified_attn.harness.conformance.prepare import DTYPES, memory_size, positive_int
-from unified_attn.models import DecoderModel, LayerKind, ModelConfig
+from unified_attn.harness.conformance.prepare import (
+    DTYPES,
+    kv_cache_dtype,
+    memory_size,
+    positive_int,
+)
+from unified_attn.models import (
+    DecoderModel,
+    DeepseekV4Config,
+    DeepseekV4ForCausalLM,
+    LayerKind,
+    ModelConfig,
+)
 from unified_attn.models.tensor_parallel import shard_config, shard_plan
 from unified_attn.runner.memory import format_memory
 from unified_attn.runner.model_source import DEFAULT_MODEL, resolve_max_model_len
 from unified_attn.runner.worker import KVCachePlan, plan_kv_cache
 from unified_attn.tensor_specs import StateSpec, as_dtype
+from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
 
 def _shape(
@@ -58,6 +77,30 @@ REAL_SHAPES: dict[str, ModelConfig] = {
 }  # fmt: skip
 
 
+def _flash_layer_types(layers: int) -> list[str]:
+    """DeepSeek-V4-Flash's schedule: two sliding-only layers, then CSA (ratio 4) on even and
+    HCA (ratio 128) on odd layers (the model card's `compress_ratios`)."""
+    tail = ["compressed_sparse_attention" if i % 2 == 0 else "heavily_compressed_attention"
+            for i in range(2, layers)]  # fmt: skip
+    return ["sliding_attention"] * 2 + tail
+
+
+# DeepSeek-V4-Flash's attention and cache shapes (config.json of deepseek-ai/DeepSeek-V4-Flash;
+# the MoE and vocabulary sizes do not affect the KV cache).
+REAL_V4_SHAPES: dict[str, DeepseekV4Config] = {
+    "deepseek-v4-flash": DeepseekV4Config(
+        name="deepseek-v4-flash", vocab_size=129280, hidden_size=4096,
+        moe_intermediate_size=2048, num_layers=43, num_heads=64, head_dim=512,
+        qk_rope_head_dim=64, q_lora_rank=1024, o_groups=8, o_lora_rank=1024, sliding_window=128,
+        layer_types=_flash_layer_types(43), mlp_layer_types=["hash_moe"] * 3 + ["moe"] * 40,
+        csa_compress_rate=4, hca_compress_rate=128, index_n_heads=64, index_head_dim=128,
+        index_topk=512, n_routed_experts=256, num_experts_per_tok=6,
+        max_position_embeddings=1048576,
+    ),
+}  # fmt: skip
+PlanConfig = ModelConfig | DeepseekV4Config
+
+
 @attrs.frozen
 class Capacity:
     plan: KVCachePlan
@@ -92,31 +135,69 @@ class Capacity:
                     "manager": g.manager_cls.__name__,
                     "config": attrs.asdict(g.config) if attrs.has(type(g.config)) else {},
                     "layers": len(g.layers),
+                    "block_size": g.block_size,
                     "page_bytes": g.page_bytes(),
+                    "wasted_bytes_per_block": wasted,
                     "blocks_per_request": n,
                 }
-                for g, n in zip(plan.groups, self.blocks_per_request, strict=True)
+                for g, n, wasted in zip(
+                    plan.groups,
+                    self.blocks_per_request,
+                    plan.wasted_bytes_per_block(),
+                    strict=True,
+                )
             ],
         }
 
 
-def attention_layers(config: ModelConfig, dtype: torch.dtype) -> list:
-    """`(LayerConfig, backend)` of every layer, from a model built on the meta device (no
-    memory: only the cache configs are needed)."""
-    model = DecoderModel(config, ReferenceAttentionBackend, dtype=dtype, device="meta")
+def attention_layers(config: PlanConfig, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> list:
+    """`(LayerConfig, backend)` of every layer (of every cache user, for DeepSeek-V4), from a
+    model built on the meta device (no memory: only the cache configs are needed);
+    `kv_cache_dtype` as the engine takes it."""
+    options = {}
+    if kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = kv_cache_dtype_name(kv_cache_dtype)
+    if isinstance(config, DeepseekV4Config):
+        v4 = DeepseekV4ForCausalLM(
+            config, DeepseekV4WindowBackend, dtype=dtype, device="meta", backend_options=options
+        )
+        return list(v4.attention_layers())
+    model = DecoderModel(
+        config, ReferenceAttentionBackend, dtype=dtype, device="meta", backend_options=options
+    )
     return list(model.attention_layers())
 
 
+def full_latent_layers(config: DeepseekV4Config, dtype: torch.dtype) -> list:
+    """DeepSeek-V4 without windows or compression: one `head_dim` latent per token and layer
+    (shared K = V), kept for the whole request."""
+    rope = config.qk_rope_head_dim
+    backend = MLAReferenceBackend(
+        head_size=config.head_dim, dtype=dtype, kv_lora_rank=config.head_dim - rope
+    )
+    scale = config.head_dim**-0.5
+    heads, dim = config.num_heads, config.head_dim
+    return [
+        (LayerConfig(f"model.layers.{i}.self_attn", heads, 1, dim, scale), backend)
+        for i in range(config.num_layers)
+    ]
+
+
 def capacity(
-    config: ModelConfig,
+    config: PlanConfig,
     memory: int,
     max_model_len: int,
     *,
     dtype: torch.dtype = torch.bfloat16,
     block_size: int | None = None,
     max_in_flight_tokens: int = 8192,
+    kv_cache_dtype: str = "auto",
+    layers: list | None = None,
 ) -> Capacity:
-    plan = plan_kv_cache(attention_layers(config, dtype), block_size)
+    """The plan of `config`'s layers (or of `layers`) and its capacity under `memory`."""
+    if layers is None:
+        layers = attention_layers(config, dtype, kv_cache_dtype)
+    plan = plan_kv_cache(layers, block_size)
     in_flight = min(max_in_flight_tokens, max_model_len)
     per_request = tuple(plan.blocks_per_request(max_model_len, in_flight))
     num_blocks = memory // plan.bytes_per_block - 1 if plan.bytes_per_block else 0  # null block
@@ -164,6 +245,36 @@ def ideal_tokens(kind: LayerKind, max_model_len: int, in_flight: int) -> int:
     return max_model_len
 
 
+def full_capacity(config: PlanConfig, memory: int, max_model_len: int, **kwargs: Any) -> Capacity:
+    """The capacity of the same model with full attention on every layer (DeepSeek-V4: one
+    full latent per layer, `full_latent_layers`)."""
+    if isinstance(config, DeepseekV4Config):
+        layers = full_latent_layers(config, kwargs.get("dtype", torch.bfloat16))
+        options = {k: v for k, v in kwargs.items() if k != "kv_cache_dtype"}
+        return capacity(config, memory, max_model_len, layers=layers, **options)
+    return capacity(all_full(config), memory, max_model_len, **kwargs)
+
+
+def v4_theoretical_ratio(config: DeepseekV4Config, max_model_len: int, in_flight: int) -> float:
+    """Full latents over the least a DeepSeek-V4 request must hold (values per layer): its
+    window, the compressed entries and indexer keys, and the compressors' raw rows."""
+    length = max_model_len
+
+    def tokens(window: int) -> int:
+        return min(window - 1 + in_flight, length)
+
+    dim, idx = config.head_dim, config.index_head_dim
+    ideal = float(config.num_layers * tokens(config.sliding_window) * dim)
+    csa, hca = config.csa_compress_rate, config.hca_compress_rate
+    ideal += config.layer_count("compressed_sparse_attention") * (
+        length / csa * (dim + idx) + tokens(2 * csa) * 2 * (2 * dim + 2 * idx)
+    )
+    ideal += config.layer_count("heavily_compressed_attention") * (
+        length / hca * dim + tokens(hca) * 2 * dim
+    )
+    return config.num_layers * length * dim / ideal
+
+
 def fraction_of_gain(achieved: float, ideal: float) -> float | None:
     """How much of the theoretical gain the plan achieves (negative: a loss); None when no
     gain is possible (the ideal ratio is 1)."""
@@ -171,21 +282,27 @@ def fraction_of_gain(achieved: float, ideal: float) -> float | None:
 
 
 def compare(
-    config: ModelConfig,
+    config: PlanConfig,
     memory: int,
     max_model_len: int,
     *,
     dtype: torch.dtype = torch.bfloat16,
     block_size: int | None = None,
     max_in_flight_tokens: int = 8192,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
     """The hybrid plan next to full allocation, the achieved ratio and the theoretical one."""
-    kwargs = dict(dtype=dtype, block_size=block_size, max_in_flight_tokens=max_in_flight_tokens)
+    kwargs = dict(dtype=dtype, block_size=block_size, max_in_flight_tokens=max_in_flight_tokens,
+                  kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     hybrid = capacity(config, memory, max_model_len, **kwargs)  # type: ignore[arg-type]
-    full = capacity(all_full(config), memory, max_model_len, **kwargs)  # type: ignore[arg-type]
+    full = full_capacity(config, memory, max_model_len, **kwargs)
+    if isinstance(config, DeepseekV4Config):
+        in_flight = min(max_in_flight_tokens, max_model_len)
+        ideal = v4_theoretical_ratio(config, max_model_len, in_flight)
+    else:
+        state_tokens = state_size_in_tokens(hybrid.plan, full.plan)
+        ideal = theoretical_ratio(config, max_model_len, max_in_flight_tokens, state_tokens)
     achieved = hybrid.capacity_tokens / max(full.capacity_tokens, 1)
-    state_tokens = state_size_in_tokens(hybrid.plan, full.plan)
-    ideal = theoretical_ratio(config, max_model_len, max_in_flight_tokens, state_tokens)
     return {
         "model": config.name,
         "memory_bytes": memory,
@@ -201,21 +318,27 @@ def compare(
 # ---- the `unified-attn plan` command ---------------------------------------------------------
 
 
-def resolve_model_config(name: str) -> ModelConfig:
-    """A preset, a real-model shape (REAL_SHAPES) or a Hugging Face checkpoint directory."""
+def resolve_model_config(name: str) -> PlanConfig:
+    """A preset, a real-model shape (REAL_SHAPES, REAL_V4_SHAPES) or a Hugging Face checkpoint
+    directory."""
     from pathlib import Path
 
-    from unified_attn.models import PRESETS, get_preset
+    from unified_attn.models import PRESETS, V4_PRESETS, get_preset
+    from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf
     from unified_attn.models.hf import config_from_hf, read_hf_config
-    from unified_attn.models.hf_config import encoder_family
+    from unified_attn.models.hf_config import encoder_family, is_deepseek_v4
 
     if name in PRESETS:
         return get_preset(name)
     if name in REAL_SHAPES:
         return REAL_SHAPES[name]
+    if name in V4_PRESETS or name in REAL_V4_SHAPES:
+        return {**V4_PRESETS, **REAL_V4_SHAPES}[name]
     path = Path(name).expanduser()
     if path.is_dir():
         hf = read_hf_config(path)
+        if is_deepseek_v4(hf):
+            return deepseek_v4_config_from_hf(hf, name=path.name)
         family = encoder_family(hf)
         if family is not None:
             raise ValueError(
@@ -226,9 +349,9 @@ def resolve_model_config(name: str) -> ModelConfig:
             )
         return config_from_hf(hf, name=path.name)
     raise ValueError(
-        f"model {name!r} is not a preset ({', '.join(sorted(PRESETS))}), a real-model shape "
-        f"({', '.join(sorted(REAL_SHAPES))}) or a checkpoint directory; see "
-        "`unified-attn models`"
+        f"model {name!r} is not a preset ({', '.join(sorted([*PRESETS, *V4_PRESETS]))}), a "
+        f"real-model shape ({', '.join(sorted([*REAL_SHAPES, *REAL_V4_SHAPES]))}) or a "
+        "checkpoint directory; see `unified-attn models`"
     )
 
 
@@ -267,7 +390,14 @@ def add_parser(commands: Any) -> None:
         "--dtype",
         default="float32",
         choices=DTYPES,
-        help="KV-cache dtype (`run` uses bfloat16 on CUDA)",
+        help="model dtype, the KV-cache dtype with --kv-cache-dtype auto (`run` uses "
+        "bfloat16 on CUDA)",
+    )
+    plan.add_argument(
+        "--kv-cache-dtype",
+        type=kv_cache_dtype,
+        default="auto",
+        help="auto (the model dtype) or fp8 (float8 e4m3: one byte per element)",
     )
     plan.add_argument(
         "--block-size",
@@ -294,11 +424,18 @@ def main(args: Any) -> int:
     if args.png:
         require_matplotlib()
     config = resolve_model_config(args.model)
+    if args.tensor_parallel_size > 1 and isinstance(config, DeepseekV4Config):
+        raise ValueError(
+            f"--tensor-parallel-size {args.tensor_parallel_size}: DeepSeek-V4 models are not "
+            "sharded yet; plan them with --tensor-parallel-size 1"
+        )
     if args.tensor_parallel_size > 1:  # every rank holds the same shard: plan rank 0's
+        assert isinstance(config, ModelConfig)
         config = shard_config(config, shard_plan(config, 0, args.tensor_parallel_size))
     max_model_len = resolve_max_model_len(args.max_model_len, config)
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
-                  max_in_flight_tokens=args.max_num_batched_tokens)  # fmt: skip
+                  max_in_flight_tokens=args.max_num_batched_tokens,
+                  kv_cache_dtype=args.kv_cache_dtype)  # fmt: skip
     report = compare(config, args.kv_cache_memory, max_model_len, **kwargs)
     check_some_blocks_fit(report, args.kv_cache_memory)
     report["settings"] = settings(args, max_model_len, report["hybrid"]["block_size"])
@@ -312,8 +449,9 @@ def main(args: Any) -> int:
 
 
 def settings(args: Any, max_model_len: int, block_size: int) -> dict[str, Any]:
-    """What the plan was computed with, defaults included."""
-    return {
+    """What the plan was computed with, defaults included (`kv_cache_dtype` when not the
+    model dtype)."""
+    settings = {
         "model": args.model,
         "kv_cache_memory": args.kv_cache_memory,
         "max_model_len": max_model_len,
@@ -322,6 +460,9 @@ def settings(args: Any, max_model_len: int, block_size: int) -> dict[str, Any]:
         "block_size": block_size,
         "tensor_parallel_size": args.tensor_parallel_size,
     }
+    if args.kv_cache_dtype != "auto":
+        settings["kv_cache_dtype"] = args.kv_cache_dtype
+    return settings
 
 
 def check_some_blocks_fit(report: dict[str, Any], memory: int) -> None:
@@ -348,7 +489,7 @@ def require_matplotlib() -> None:
         )
 
 
-def plot_capacity(config: ModelConfig, memory: int, path: str, **kwargs: Any) -> str:
+def plot_capacity(config: PlanConfig, memory: int, path: str, **kwargs: Any) -> str:
     """Capacity in tokens against max_model_len, hybrid vs full allocation."""
     import matplotlib
 
@@ -357,7 +498,7 @@ def plot_capacity(config: ModelConfig, memory: int, path: str, **kwargs: Any) ->
 
     lengths = [2**k for k in range(12, 18)]
     hybrid = [capacity(config, memory, n, **kwargs).capacity_tokens for n in lengths]
-    full = [capacity(all_full(config), memory, n, **kwargs).capacity_tokens for n in lengths]
+    full = [full_capacity(config, memory, n, **kwargs).capacity_tokens for n in lengths]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(lengths, hybrid, marker="o", label="per-group managers")
     ax.plot(lengths, full, marker="s", label="full attention everywhere")
@@ -377,11 +518,15 @@ def print_plan(report: dict[str, Any]) -> None:
     if "settings" in report:
         console.print(describe_settings(report["settings"]))
     groups = Table(title=f"{report['model']}: KV-cache groups", title_justify="left")
-    for column in ("manager", "config", "layers", "page bytes", "blocks/request"):
+    for column in ("manager", "config", "layers", "block size", "page bytes", "waste",
+                   "blocks/request"):  # fmt: skip
         groups.add_column(column)
+    bytes_per_block = report["hybrid"]["bytes_per_block"]
     for g in report["hybrid"]["groups"]:
+        waste = g["wasted_bytes_per_block"] / bytes_per_block if bytes_per_block else 0.0
         groups.add_row(g["manager"], str(g["config"] or ""), str(g["layers"]),
-                       f"{g['page_bytes']:,}", f"{g['blocks_per_request']:,}")  # fmt: skip
+                       str(g["block_size"]), f"{g['page_bytes']:,}", f"{waste:.1%}",
+                       f"{g['blocks_per_request']:,}")  # fmt: skip
     console.print(groups)
     summary = Table(title="Capacity", title_justify="left")
     for column in ("", "bytes/block", "blocks", "capacity (tokens)", "max concurrency"):
@@ -403,11 +548,14 @@ def print_plan(report: dict[str, Any]) -> None:
 def describe_settings(settings: dict[str, Any]) -> str:
     n = settings["tensor_parallel_size"]
     ranks = f" per rank of {n} (tensor parallelism)" if n > 1 else ""
+    kv_dtype = (
+        f" with an {settings['kv_cache_dtype']} KV cache" if "kv_cache_dtype" in settings else ""
+    )
     return (
         f"plan for {settings['model']}: KV cache {format_memory(settings['kv_cache_memory'])}"
         f"{ranks}, max_model_len {settings['max_model_len']:,}, "
         f"{settings['max_in_flight_tokens']:,} tokens in flight per request, "
-        f"{settings['dtype']}, block size {settings['block_size']}"
+        f"{settings['dtype']}{kv_dtype}, block size {settings['block_size']}"
     )
 
 

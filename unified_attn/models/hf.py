@@ -10,6 +10,8 @@ on a meta-device model before the real one is allocated.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from unified_attn.models.hf_config import (
     rename_weight,
     supported_architectures,
 )
+from unified_attn.models.layers import Attention
 from unified_attn.models.tokenizer import HFTokenizer, load_tokenizer
 
 __all__ = [
@@ -40,6 +43,12 @@ __all__ = [
 ]
 
 HF_EXTRA = "pip install 'unified_attn[hf]'"
+# fp8 KV-cache scales as fp8 checkpoints name them (one number per layer): vLLM / transformers
+# `self_attn.k_scale` and `v_scale`, ModelOpt's `self_attn.k_proj.k_scale` / `v_proj.v_scale`,
+# and the older `self_attn.kv_scale` shared by K and V.
+KV_SCALE_NAME = re.compile(
+    r"^(?P<layer>.+\.self_attn)\.(?:[kv]_proj\.)?(?P<which>k_scale|v_scale|kv_scale)$"
+)
 
 
 def load_hf_model(
@@ -55,12 +64,13 @@ def load_hf_model(
     hf = read_hf_config(path)
     config = config_from_hf(hf, name=path.name)
     tokenizer = load_tokenizer(path)
-    raw = read_state_dict(path)
+    raw, kv_scales = split_kv_scales(read_state_dict(path), source=str(path))
     state = check_weights(raw, hf, config, backend_cls, source=str(path))
     model = DecoderModel(
         config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
     )
     load_weights(model, state, source=str(path))
+    load_kv_scales(model, kv_scales, source=str(path))
     return model, tokenizer
 
 
@@ -129,6 +139,71 @@ def _shards_of(index: Path) -> list[Path]:
             "copy every shard next to the index"
         )
     return shards
+
+
+# ---- fp8 KV-cache scales ------------------------------------------------------------------------
+
+
+def split_kv_scales(
+    raw: dict[str, torch.Tensor], source: str
+) -> tuple[dict[str, torch.Tensor], dict[str, tuple[float, float]]]:
+    """The checkpoint's tensors without its fp8 KV-cache scales, and those scales per attention
+    layer name: `(k_scale, v_scale)`, each a positive finite number."""
+    rest: dict[str, torch.Tensor] = {}
+    found: dict[str, dict[str, float]] = {}
+    for name, tensor in raw.items():
+        match = KV_SCALE_NAME.match(name)
+        if match is None:
+            rest[name] = tensor
+            continue
+        found.setdefault(match["layer"], {})[match["which"]] = _scale_value(name, tensor, source)
+    return rest, {layer: _kv_pair(layer, given, source) for layer, given in found.items()}
+
+
+def _scale_value(name: str, tensor: torch.Tensor, source: str) -> float:
+    if tensor.numel() != 1:
+        raise ValueError(
+            f"checkpoint {source}: {name} has shape {_shape(tensor)}; fp8 KV-cache scales are "
+            "one number per layer (per-head or per-channel scales are not supported)"
+        )
+    value = float(tensor.float().reshape(()))
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"checkpoint {source}: {name} = {value}; a KV-cache scale must be positive and finite"
+        )
+    return value
+
+
+def _kv_pair(layer: str, given: dict[str, float], source: str) -> tuple[float, float]:
+    if "k_scale" in given and "v_scale" in given:
+        return given["k_scale"], given["v_scale"]
+    if "kv_scale" in given and len(given) == 1:
+        return given["kv_scale"], given["kv_scale"]
+    raise ValueError(
+        f"checkpoint {source}: layer {layer} has KV-cache scales {sorted(given)}; give both "
+        "k_scale and v_scale (or one kv_scale shared by K and V)"
+    )
+
+
+def load_kv_scales(
+    model: DecoderModel, scales: dict[str, tuple[float, float]], source: str
+) -> None:
+    """Give each attention layer its checkpoint scales (`Attention.kv_scales`, `[2]` float32 on
+    the model's device). Backends with `kv_cache_dtype="fp8"` use them instead of calibrating;
+    others ignore them."""
+    layers = {}
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if isinstance(attn, Attention):
+            layers[attn.layer_config.name] = attn
+    unknown = sorted(scales.keys() - layers.keys())
+    if unknown:
+        raise ValueError(
+            f"checkpoint {source}: KV-cache scales of {unknown[:4]}, which are not attention "
+            f"layers of this model (those are {sorted(layers)[:4]}...)"
+        )
+    for name, pair in scales.items():
+        layers[name].kv_scales = torch.tensor(pair, dtype=torch.float32, device=model.device)
 
 
 # ---- checking and loading -----------------------------------------------------------------------

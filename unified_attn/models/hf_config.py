@@ -95,9 +95,23 @@ def mla_version(hf: HFConfig) -> str | None:
     return MLA_MODEL_TYPES.get(hf.get("model_type", ""))
 
 
+# DeepSeek-V4's hybrid sliding / compressed attention (`deepseek_v4.py`, `load_deepseek_v4`).
+V4_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
+V4_MODEL_TYPES = ("deepseek_v4",)
+
+
+def is_deepseek_v4(hf: HFConfig) -> bool:
+    """True when `config.json` names DeepSeek-V4 (or, without `architectures`, its model
+    type)."""
+    archs = hf.get("architectures")
+    if archs:
+        return archs[0] in V4_ARCHITECTURES
+    return hf.get("model_type", "") in V4_MODEL_TYPES
+
+
 def supported_architectures() -> list[str]:
     """The `architectures` entries of `config.json` that load, sorted (for the CLI's listing)."""
-    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES, *MLA_ARCHITECTURES])
+    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES, *MLA_ARCHITECTURES, *V4_ARCHITECTURES])
 
 
 def encoder_family(hf: HFConfig) -> str | None:
@@ -164,6 +178,13 @@ def architecture_of(hf: HFConfig) -> str:
             "latent-attention model, not a Llama-family decoder: load it with "
             "unified_attn.models.deepseek.load_deepseek (LLMEngine and `unified-attn run "
             "--model DIR` do so)"
+        )
+    if is_deepseek_v4(hf):
+        raise ValueError(
+            f"{(hf.get('architectures') or [hf.get('model_type')])[0]} is a DeepSeek-V4 model "
+            "(sliding + compressed attention), not a Llama-family decoder: load it with "
+            "unified_attn.models.deepseek_v4_hf.load_deepseek_v4 (LLMEngine and `unified-attn "
+            "run --model DIR` do so)"
         )
     archs = hf.get("architectures") or [MODEL_TYPES.get(hf.get("model_type", ""))]
     supported = ", ".join(supported_architectures())

@@ -60,6 +60,7 @@ class Attention(nn.Module):
     backend. With `fused_qkv` one `qkv_proj` (rows: q, then k, then v) replaces q/k/v_proj."""
 
     sinks: nn.Parameter | None
+    kv_scales: torch.Tensor | None
     q_norm: RMSNorm | None
     k_norm: RMSNorm | None
 
@@ -92,6 +93,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, eps, style) if config.qk_norm else None
         # [num_heads] learned sink logits (GPT-OSS), float32 (see FLOAT32_PARAMS)
         self.sinks = nn.Parameter(torch.zeros(config.num_heads)) if kind.has_sinks else None
+        # [2] float32 (k_scale, v_scale) of an fp8 KV cache when the checkpoint gives them
+        # (`hf.load_kv_scales`), passed to the backend as the `kv_scales` kwarg; not in the
+        # state dict, so checkpoints without them load unchanged
+        self.register_buffer("kv_scales", None, persistent=False)
 
     def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden `[T, hidden_size]` -> q `[T, Hq * D]`, k and v `[T, Hkv * D]`."""
@@ -114,10 +119,10 @@ class Attention(nn.Module):
         output = torch.empty(
             num_tokens, lc.num_heads * lc.head_size, dtype=hidden.dtype, device=hidden.device
         )
-        if self.sinks is None:
-            self.backend.forward(lc, output, q, k, v)
-        else:
-            self.backend.forward(lc, output, q, k, v, sinks=self.sinks)
+        extra: dict[str, torch.Tensor] = {} if self.sinks is None else {"sinks": self.sinks}
+        if self.kv_scales is not None:
+            extra["kv_scales"] = self.kv_scales
+        self.backend.forward(lc, output, q, k, v, **extra)
         return self.o_proj(output)
 
 

@@ -6,6 +6,7 @@ import attrs
 
 from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
 from unified_attn.models.deepseek import DeepseekConfig
+from unified_attn.models.deepseek_v4 import DeepseekV4Config
 
 # Byte tokenizer layout shared by the presets: ids 0..255 are bytes, then the specials.
 BYTE_BOS_ID = 256
@@ -146,6 +147,54 @@ MLA_PRESETS: dict[str, DeepseekConfig] = {
             original_max_position_embeddings=512,
             mscale=1.0,
             mscale_all_dim=1.0,
+        ),
+        max_position_embeddings=2048,
+        bos_token_id=BYTE_BOS_ID,
+        eos_token_ids=(BYTE_EOS_ID,),
+    ),
+}
+
+
+# DeepSeek-V4's shape at tiny-llama's scale: every layer slides over 8 tokens; layers 1, 2 and 4
+# add compressed sparse attention (one entry per 4 tokens, the indexer's top 4), layer 3 heavily
+# compressed attention (one entry per 8 tokens), so a 64-token prompt crosses every cache.
+# Layer 0 routes by token hash, the others by top-2 of 4 experts; 4 hyper-connection streams.
+# The cache users' bytes per token balance into equal pages: five sliding-window groups of 16
+# tokens per block and one compressed group of 64 (`unified-attn plan --model deepseek-v4-like`).
+V4_PRESETS: dict[str, DeepseekV4Config] = {
+    "deepseek-v4-like": DeepseekV4Config(
+        name="deepseek-v4-like",
+        vocab_size=384,
+        hidden_size=128,
+        moe_intermediate_size=64,
+        num_layers=5,
+        num_heads=4,
+        head_dim=32,
+        qk_rope_head_dim=8,
+        q_lora_rank=64,
+        o_groups=2,
+        o_lora_rank=32,
+        sliding_window=8,
+        layer_types=(
+            "sliding_attention",
+            "compressed_sparse_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+            "compressed_sparse_attention",
+        ),
+        mlp_layer_types=("hash_moe", "moe", "moe", "moe", "moe"),
+        csa_compress_rate=4,
+        hca_compress_rate=8,
+        index_n_heads=4,
+        index_head_dim=16,
+        index_topk=4,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        compress_rope_scaling=RopeScaling(
+            rope_type="yarn",
+            factor=4.0,
+            original_max_position_embeddings=512,
+            attention_factor=1.0,
         ),
         max_position_embeddings=2048,
         bos_token_id=BYTE_BOS_ID,

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 
 from unified_attn.managers.eviction import EVICTION_POLICIES
+from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
 
 @attrs.frozen
@@ -32,6 +33,9 @@ class EngineConfig:
     # prefix hit can use first; docs/kv-cache.md)
     kv_cache_eviction: str = attrs.field(default="lru")
     batch_invariant: bool = False
+    # "auto": the model dtype; "fp8" (or "fp8_e4m3"): float8 e4m3 with per-layer scales, half
+    # the bytes of bfloat16 (docs/kv-cache.md, "fp8 KV cache")
+    kv_cache_dtype: str = attrs.field(default="auto")
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
     # ranks of tensor parallelism: one process each (docs/distributed.md)
@@ -49,8 +53,17 @@ class EngineConfig:
     def _check_tp(self, _attribute: Any, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(
-                f"tensor_parallel_size must be a positive int, got {value!r}; 1 runs on one "
-                "device"
+                f"tensor_parallel_size must be a positive int, got {value!r}; 1 runs on one device"
+            )
+
+    @kv_cache_dtype.validator
+    def _check_kv_cache_dtype(self, _attribute: Any, value: str) -> None:
+        kv_cache_dtype_name(value)  # a ValueError naming the choices
+        tp = self.tensor_parallel_size
+        if value != "auto" and isinstance(tp, int) and tp > 1:
+            raise ValueError(
+                f"kv_cache_dtype={value!r} with tensor_parallel_size={tp} "
+                "is not supported yet; use kv_cache_dtype='auto' or run on one device"
             )
 
     @kv_cache_eviction.validator

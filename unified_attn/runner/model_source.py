@@ -26,6 +26,7 @@ from unified_attn.legacy_adapter import (
 from unified_attn.models import (
     MLA_PRESETS,
     PRESETS,
+    V4_PRESETS,
     ByteTokenizer,
     DecoderModel,
     LayerKind,
@@ -41,8 +42,10 @@ from unified_attn.models.deepseek import (
     deepseek_config_from_hf,
     load_deepseek,
 )
+from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
+from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf, load_deepseek_v4
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
-from unified_attn.models.hf_config import encoder_family, mla_version
+from unified_attn.models.hf_config import encoder_family, is_deepseek_v4, mla_version
 from unified_attn.models.hf_encoders import (
     bart_config_from_hf,
     bert_config_from_hf,
@@ -59,6 +62,7 @@ from unified_attn.selector import (
     select_backend,
 )
 from unified_attn.tensor_specs import as_dtype
+from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
 DEFAULT_MODEL = "tiny-llama"  # `LLMEngine`'s and `unified-attn run`'s default
 
@@ -82,7 +86,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-AnyModelConfig = ModelConfig | BertConfig | BartConfig | DeepseekConfig
+AnyModelConfig = ModelConfig | BertConfig | BartConfig | DeepseekConfig | DeepseekV4Config
 # (head size, window, chunk, learned sinks, attention type): what selection needs of a layer
 AttentionKind = tuple[int, int | None, int | None, bool, AttentionType]
 
@@ -94,6 +98,8 @@ def attention_kinds(config: AnyModelConfig) -> list[AttentionKind]:
         return [(config.head_size, None, None, False, AttentionType.ENCODER_ONLY)]
     if isinstance(config, DeepseekConfig):  # one latent per token (layer kind "mla")
         return [(config.latent_size, None, None, False, AttentionType.DECODER)]
+    if isinstance(config, DeepseekV4Config):  # a sliding latent + compressed caches, sinks
+        return [(config.head_dim, config.sliding_window, None, True, AttentionType.DECODER)]
     if isinstance(config, BartConfig):
         return [
             (config.encoder_head_size, None, None, False, AttentionType.ENCODER),
@@ -125,10 +131,20 @@ def selector_configs(
             attn_type=attn_type,
             device=engine.device,
             use_batch_invariant=invariant,
-            layer_kind="mla" if isinstance(config, DeepseekConfig) else "attention",
+            layer_kind=layer_kind_of(config),
+            kv_cache_dtype=engine.kv_cache_dtype,
         )
         for head_size, window, chunk, sinks, attn_type in attention_kinds(config)
     ]
+
+
+def layer_kind_of(config: AnyModelConfig) -> str:
+    """The `SelectorConfig.layer_kind` a model's attention layers need."""
+    if isinstance(config, DeepseekConfig):
+        return "mla"
+    if isinstance(config, DeepseekV4Config):
+        return "deepseek_v4"
+    return "attention"
 
 
 def load_model(engine: Any) -> ModelSource:
@@ -139,13 +155,17 @@ def load_model(engine: Any) -> ModelSource:
     max_model_len = resolve_max_model_len(engine.max_model_len, config)
     selector_cfgs = selector_configs(config, dtype, engine)
     backend_cls = select_engine_backend(selector_cfgs, engine.backend)
-    options = {"batch_invariant": True} if selector_cfgs[0].use_batch_invariant else {}
+    options: dict[str, Any] = (
+        {"batch_invariant": True} if selector_cfgs[0].use_batch_invariant else {}
+    )
+    if engine.kv_cache_dtype != "auto":  # fp8: backends take the torch name
+        options["kv_cache_dtype"] = kv_cache_dtype_name(engine.kv_cache_dtype)
     if isinstance(config, (BertConfig, BartConfig)):
         encoder_model, encoder_tokenizer = _load_encoder_model(
             engine, config, backend_cls, dtype, device, options
         )
         return _encoder_source(encoder_model, encoder_tokenizer, backend_cls, config, max_model_len)
-    if isinstance(config, DeepseekConfig):
+    if isinstance(config, DeepseekConfig | DeepseekV4Config):
         return _deepseek_source(engine, config, backend_cls, dtype, device, options, max_model_len)
     if engine.model in PRESETS:
         model = DecoderModel(
@@ -165,23 +185,25 @@ def load_model(engine: Any) -> ModelSource:
 
 def _deepseek_source(
     engine: Any,
-    config: DeepseekConfig,
+    config: DeepseekConfig | DeepseekV4Config,
     backend_cls: type[AttentionBackend],
     dtype: torch.dtype,
     device: torch.device,
     options: dict[str, Any],
     max_model_len: int,
 ) -> ModelSource:
-    """A DeepSeek-V2/V3 preset (random weights, byte tokenizer) or checkpoint."""
-    if engine.model in MLA_PRESETS:
-        model = DeepseekForCausalLM(
-            config, backend_cls, dtype=dtype, device=device, backend_options=options
-        )
+    """A DeepSeek-V2/V3/V4 preset (random weights, byte tokenizer) or checkpoint."""
+    v4 = isinstance(config, DeepseekV4Config)
+    model: Any
+    if engine.model in MLA_PRESETS or engine.model in V4_PRESETS:
+        cls: Any = DeepseekV4ForCausalLM if v4 else DeepseekForCausalLM
+        model = cls(config, backend_cls, dtype=dtype, device=device, backend_options=options)
         model.init_random_weights(engine.seed)
         tokenizer: Any = ByteTokenizer(config.bos_token_id, config.eos_token_ids[0])
     else:
+        load = load_deepseek_v4 if v4 else load_deepseek
         path = checkpoint_path(engine.model)
-        model, tokenizer = load_deepseek(
+        model, tokenizer = load(
             path, backend_cls, dtype=dtype, device=device, backend_options=options
         )
     return ModelSource(
@@ -232,11 +254,15 @@ def model_config(model: str) -> AnyModelConfig:
         return get_preset(model)
     if model in MLA_PRESETS:
         return MLA_PRESETS[model]
+    if model in V4_PRESETS:
+        return V4_PRESETS[model]
     path = checkpoint_path(model)
     if path.is_dir():
         hf = read_hf_config(path)
         if mla_version(hf) is not None:
             return deepseek_config_from_hf(hf, name=path.name)
+        if is_deepseek_v4(hf):
+            return deepseek_v4_config_from_hf(hf, name=path.name)
         family = encoder_family(hf)
         if family == "bert":
             return bert_config_from_hf(hf, name=path.name)
@@ -244,7 +270,8 @@ def model_config(model: str) -> AnyModelConfig:
             return bart_config_from_hf(hf, name=path.name)
         return config_from_hf(hf, name=path.name)
     raise ValueError(
-        f"model {model!r} is neither a preset ({', '.join(sorted([*PRESETS, *MLA_PRESETS]))}) "
+        f"model {model!r} is neither a preset "
+        f"({', '.join(sorted([*PRESETS, *MLA_PRESETS, *V4_PRESETS]))}) "
         "nor a checkpoint directory; see `unified-attn models`"
     )
 
@@ -407,11 +434,30 @@ def describe_mla_model(config: DeepseekConfig) -> dict[str, Any]:
     }
 
 
+def describe_v4_model(config: DeepseekV4Config) -> dict[str, Any]:
+    """`describe_model`'s row for a DeepSeek-V4 model: its attention pattern and caches."""
+    kinds = {"sliding_attention": "sliding", "compressed_sparse_attention": "CSA",
+             "heavily_compressed_attention": "HCA"}  # fmt: skip
+    counts: dict[str, int] = {}
+    for kind in config.layer_types:
+        counts[kinds[kind]] = counts.get(kinds[kind], 0) + 1
+    return {
+        "name": config.name,
+        "layers": config.num_layers,
+        "layer_kinds": ", ".join(f"{k} x{n}" for k, n in counts.items())
+        + f" (window {config.sliding_window}, rates {config.csa_compress_rate} / "
+        f"{config.hca_compress_rate})",
+        "heads": f"{config.num_heads} / shared KV x {config.head_dim}",
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+
+
 def describe_models() -> dict[str, Any]:
     """The presets (with their layer kinds) and the Hugging Face architectures a checkpoint
     directory may have."""
     return {
         "presets": [describe_model(config) for config in PRESETS.values()]
-        + [describe_mla_model(config) for config in MLA_PRESETS.values()],
+        + [describe_mla_model(config) for config in MLA_PRESETS.values()]
+        + [describe_v4_model(config) for config in V4_PRESETS.values()],
         "architectures": supported_architectures(),
     }

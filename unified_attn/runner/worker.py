@@ -3,13 +3,16 @@
 Planning groups layers by `(manager_cls, config)` equality (a plain dict: configs are frozen and
 hashable), splits large buckets so every group has about the same bytes per block, and sizes one
 flat byte buffer shared by all groups: a block id belongs to one group at a time, so groups alias
-the same bytes and `bytes_per_block` is the max over groups, not the sum.
+the same bytes and `bytes_per_block` is the max over groups, not the sum. When the layers' caches
+cost different bytes per token (compressed caches next to per-token ones), each group gets its
+own block size (`page_balance.py`); otherwise every group uses one.
 
 `kv_cache_layout()` exports where every layer's blocks live in that buffer (`kv_layout.py`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +29,13 @@ from unified_attn.runner.kv_layout import (
     layer_layout,
 )
 from unified_attn.runner.memory import format_memory, host_memory_bytes
+from unified_attn.runner.page_balance import (
+    balance,
+    block_size_multiple,
+    bytes_per_token,
+    candidate_block_sizes,
+    needs_balancing,
+)
 from unified_attn.tensor_specs import KVCacheTensorSpec
 from unified_attn.utils import cdiv
 
@@ -71,7 +81,7 @@ class KVCachePlan:
     """Every group and the tokens per block: all the worker needs to size and allocate the
     cache, and all the scheduler needs (`scheduler_config`) besides the block count."""
 
-    block_size: int
+    block_size: int  # the base block size: every group's, or the smallest of balanced groups
     groups: tuple[GroupPlan, ...]
 
     @property
@@ -83,7 +93,7 @@ class KVCachePlan:
         return [self.bytes_per_block - g.page_bytes() for g in self.groups]
 
     def scheduler_config(self, num_blocks: int) -> SchedulerKVCacheConfig:
-        groups = [KVCacheGroup(g.manager_cls, g.config) for g in self.groups]
+        groups = [KVCacheGroup(g.manager_cls, g.config, g.block_size) for g in self.groups]
         return SchedulerKVCacheConfig(num_blocks, self.block_size, groups)
 
     def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> list[int]:
@@ -112,12 +122,45 @@ def plan_kv_cache(
         if all(backend is not b for b in backends):
             backends.append(backend)
     size = choose_block_size(backends, block_size)
+    if needs_balancing([lp.spec for bucket in buckets.values() for lp in bucket]):
+        return KVCachePlan(size, tuple(balanced_groups(buckets, size)))
     groups = [
         GroupPlan(manager_cls, config, tuple(part), size)
         for (manager_cls, config), bucket in buckets.items()
         for part in split_balanced(bucket, target_group_size(buckets))
     ]
     return KVCachePlan(size, tuple(groups))
+
+
+def balanced_groups(buckets: dict[tuple[type, Any], list[LayerPlan]], base: int) -> list[GroupPlan]:
+    """Groups whose pages are about equal: per bucket a block size (a power-of-two multiple of
+    `base` that its specs and backends take) and a split (`page_balance.balance`)."""
+    keys = list(buckets)
+    sizes = [bucket_block_sizes(buckets[key], base) for key in keys]
+    costs = [[bytes_per_token(lp.spec) for lp in buckets[key]] for key in keys]
+    groups = []
+    for (manager_cls, config), choice in zip(keys, balance(costs, sizes), strict=True):
+        bucket = buckets[(manager_cls, config)]
+        for part in sorted(choice.parts):
+            layers = tuple(bucket[i] for i in part)
+            groups.append(GroupPlan(manager_cls, config, layers, choice.block_size))
+    return groups
+
+
+def bucket_block_sizes(bucket: list[LayerPlan], base: int) -> list[int]:
+    """The block sizes a bucket may use: `base * 2**k`, multiples of every spec's
+    `block_size_multiple`, accepted by every backend."""
+    multiple = math.lcm(*(block_size_multiple(lp.spec) for lp in bucket))
+    accepted = [lp.backend.supported_kernel_block_sizes() for lp in bucket]
+    limits = [set(a) for a in accepted if a is not None]
+    sizes = candidate_block_sizes(base, multiple, set.intersection(*limits) if limits else None)
+    if not sizes:
+        raise ValueError(
+            f"layers {[lp.layer.name for lp in bucket[:3]]} need a block size that is a multiple "
+            f"of {multiple} and accepted by their backends, but no power-of-two multiple of "
+            f"block_size={base} is; give a block_size that divides such a size (e.g. {multiple})"
+        )
+    return sizes
 
 
 def target_group_size(buckets: dict[Any, list[LayerPlan]]) -> int:
@@ -306,12 +349,12 @@ class Worker:
             offset = 0  # every group starts at byte 0 of the block: groups alias the buffer
             for lp in group.layers:
                 view = lp.spec.make_view(
-                    self.kv_buffer, offset, plan.bytes_per_block, num_blocks, plan.block_size
+                    self.kv_buffer, offset, plan.bytes_per_block, num_blocks, group.block_size
                 )
                 views.setdefault(lp.backend, {})[lp.layer.name] = view
                 group_map.setdefault(lp.backend, {})[lp.layer.name] = gid
                 self.bound_layers[lp.layer.name] = BoundLayer(gid, lp.spec, offset, view)
-                offset += lp.spec.page_size_bytes(plan.block_size)
+                offset += lp.spec.page_size_bytes(group.block_size)
         for backend, layer_views in views.items():
             backend.bind_kv_caches(layer_views, group_map[backend])
 
@@ -326,7 +369,7 @@ class Worker:
                 bound.spec,
                 bound.offset_bytes,
                 bound.view,
-                block_size=self.plan.block_size,
+                block_size=self.plan.groups[bound.group_id].block_size,
                 bytes_per_block=self.plan.bytes_per_block,
                 num_blocks=self.num_blocks,
             )
@@ -365,6 +408,7 @@ class Worker:
                 "manager": group.manager_cls.__name__,
                 "config": attrs.asdict(group.config) if attrs.has(type(group.config)) else {},
                 "layers": [lp.layer.name for lp in group.layers],
+                "block_size": group.block_size,
                 "page_bytes": group.page_bytes(),
                 "wasted_bytes_per_block": wasted[gid],
                 "blocks_per_request": self.blocks_per_request[gid],

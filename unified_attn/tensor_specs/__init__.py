@@ -1,11 +1,12 @@
 """KV-cache tensor specs: page bytes per layer and strided views over one flat byte buffer."""
 
 from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
-from unified_attn.tensor_specs.latent import LatentKVSpec
+from unified_attn.tensor_specs.latent import CompressedLatentSpec, LatentKVSpec
 from unified_attn.tensor_specs.paged import PagedKVSpec
 from unified_attn.tensor_specs.state import StateSpec
 
 __all__ = [
+    "CompressedLatentSpec",
     "KVCacheTensorSpec",
     "LatentKVSpec",
     "PagedKVSpec",

@@ -6,6 +6,10 @@ their cross group, then every decoder query attends, non-causally, to all of its
 `encoder_seq_lens` keys. Encoder and encoder-only layers keep no cache: their keys are the step's
 own token rows, which the kernel reads as pages of one token through a block table that maps
 key j of request i to row `query_start_loc[i] + j` (no copy).
+
+With `kv_cache_dtype="fp8"` the caches hold float8 e4m3: the cache-write kernel quantizes with
+saturation and the attention kernel dequantizes in registers, with per-layer K/V scales
+(`kv_quant.KVScales`: the checkpoint's, calibrated once, or 1.0 in batch-invariant mode).
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ from unified_attn.backend import (
     AttentionType,
     CommonAttentionMetadata,
     LayerConfig,
+)
+from unified_attn.backends.kv_quant import (
+    KVScales,
+    fp8_name_as_dtype,
+    fp8_scales,
+    kv_cache_dtype_reasons,
+    step_writes_keys,
 )
 from unified_attn.backends.triton.ops import (
     MAX_SEGMENTS,
@@ -66,8 +77,7 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
             reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
         if cfg.dtype not in SUPPORTED_DTYPES:
             reasons.append(f"dtype {cfg.dtype} is not one of {SUPPORTED_DTYPES}")
-        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
-            reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
+        reasons.extend(kv_cache_dtype_reasons(cls.name, cfg))
         if not 16 <= cfg.head_size <= MAX_HEAD_SIZE or cfg.head_size % 16:
             reasons.append(f"head size {cfg.head_size} is not a multiple of 16 in [16, 256]")
         if cfg.attn_type == CROSS:
@@ -88,7 +98,7 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         return True
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**fp8_name_as_dtype(kwargs))
         if self.attn_type == CROSS:
             reasons = cross_attention_reasons(self.sliding_window, self.attention_chunk_size)
             if reasons:
@@ -102,6 +112,13 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         self.max_num_heads = self.num_kv_heads
         # Split-KV partial results: persistent, grown by prep_forward, never shrunk.
         self.scratch = SplitScratch()
+        # fp8 cache: each layer's K/V scales (None: the cache holds the model dtype)
+        self.kv_scales: KVScales | None = fp8_scales(self)
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        super().bind_kv_caches(kv_caches, block_table_map)
+        if self.kv_scales is not None and kv_caches:
+            self.kv_scales.bind(kv_caches, next(iter(kv_caches.values())).device)
 
     def check_layer(self, layer: LayerConfig) -> None:
         super().check_layer(layer)
@@ -119,6 +136,10 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
             return
         split = self.plan_split(common)
         self.plan = TritonPlan(common, block_tables, split, self._key_lens(common))
+        if self.kv_scales is not None:  # fp8 cache: calibrate the layers in this step?
+            gids = set(self.group_of_layer.values())
+            writes = step_writes_keys(common, gids, self.attn_type == CROSS)
+            self.kv_scales.begin_step(writes, for_cudagraph_capture)
         head_pad = max(16, triton.next_power_of_2(self.head_size))
         rows = common.num_actual_tokens * self.max_num_heads
         if for_cudagraph_capture:
@@ -200,7 +221,8 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
                 f"layer {layer.name}: cross-attention (encoder_decoder) layers take no sinks "
                 "or alibi_slopes (every decoder query attends to all encoder keys)"
             )
-        k_cache, v_cache, block_table = self._paged_keys(layer, plan, k, v)
+        given_scales = kwargs.get("kv_scales")
+        k_cache, v_cache, block_table, kv_scales = self._paged_keys(layer, plan, k, v, given_scales)
         num_tokens = common.num_actual_tokens
         unified_attention(
             q[:num_tokens],
@@ -223,25 +245,51 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
             split=plan.split,
             scratch=self.scratch,
             batch_invariant=self.batch_invariant,
+            kv_scales=kv_scales,
         )
         return output
 
     def _paged_keys(
-        self, layer: LayerConfig, plan: TritonPlan, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The K and V pages `[num_pages, page_size, Hkv, D]` the layer attends over and their
-        block table, once this step's keys are in place."""
+        self,
+        layer: LayerConfig,
+        plan: TritonPlan,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        given_scales: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The K and V pages `[num_pages, page_size, Hkv, D]` the layer attends over, their
+        block table and (fp8 caches) the `[2]` K/V scales, once this step's keys are in place."""
         if plan.own_pages is not None:  # encoder: token rows are pages of one token
             num_tokens = plan.common.num_actual_tokens
-            return k[:num_tokens, None], v[:num_tokens, None], plan.own_pages
+            return k[:num_tokens, None], v[:num_tokens, None], plan.own_pages, None
         gid = self.group_of_layer[layer.name]
         cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, Hkv, D]
         k_cache, v_cache = cache[:, 0], cache[:, 1]
         slots = plan.common.slot_mappings[gid]  # cross-attention: [E], one per key row
         if layer.attn_type != CROSS:
             slots = slots[: plan.common.num_actual_tokens]
-        write_kv_cache(k, v, k_cache, v_cache, slots)
-        return k_cache, v_cache, plan.block_tables[gid]
+        scales = self._layer_scales(layer, given_scales, k, v, slots)
+        write_kv_cache(k, v, k_cache, v_cache, slots, scales)
+        return k_cache, v_cache, plan.block_tables[gid], scales
+
+    def _layer_scales(
+        self,
+        layer: LayerConfig,
+        given: torch.Tensor | None,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """fp8 cache: the layer's `[2]` K/V scales, calibrated first from the rows of `k`/`v`
+        this step writes (`slots >= 0`) if it is pending; the checkpoint's `given` scales
+        are never calibrated. None for a cache of the model dtype."""
+        if self.kv_scales is None:
+            return None
+        scales = self.kv_scales.of(layer, given)
+        if given is None and self.kv_scales.take_pending(layer.name):
+            rows = slots.shape[0]
+            self.kv_scales.calibrate_layer(layer.name, k[:rows], v[:rows], slots >= 0)
+        return scales
 
 
 def cross_attention_reasons(window: int | None, chunk: int | None) -> list[str]:

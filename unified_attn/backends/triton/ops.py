@@ -17,6 +17,7 @@ from unified_attn.backends.triton.kernels.unified_attention import (
 from unified_attn.utils import cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_KV_DTYPE = torch.float8_e4m3fn  # the cache dtype the kernels dequantize with per-layer scales
 
 
 @attrs.frozen
@@ -87,17 +88,43 @@ def _check_cache(name: str, cache: torch.Tensor, num_kv_heads: int, head_size: i
         )
 
 
+def _check_kv_scales(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, kv_scales: torch.Tensor | None
+) -> bool:
+    """True for fp8 caches, whose `kv_scales` must be `[2]` float32 on their device."""
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
+    if k_cache.dtype != FP8_KV_DTYPE:
+        return False
+    if (
+        kv_scales is None
+        or kv_scales.shape != (2,)
+        or kv_scales.dtype != torch.float32
+        or kv_scales.device != k_cache.device
+    ):
+        found = None if kv_scales is None else (kv_scales.dtype, tuple(kv_scales.shape))
+        raise ValueError(
+            f"fp8 caches need kv_scales, a [2] float32 tensor (k_scale, v_scale) on "
+            f"{k_cache.device}; got {found}"
+        )
+    return True
+
+
 def write_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    kv_scales: torch.Tensor | None = None,
 ) -> None:
-    """`key`/`value [T, Hkv, D]` into the caches at `slot_mapping [T]` (-1 skipped)."""
+    """`key`/`value [T, Hkv, D]` into the caches at `slot_mapping [T]` (-1 skipped). fp8
+    caches: quantized with saturation, `e4m3(clamp(x / scale, -448, 448))`, with `kv_scales
+    [2]` (k_scale, v_scale), bitwise as `kv_quant.quantize_fp8`."""
     num_tokens, num_kv_heads, head_size = key.shape
     _check_cache("k_cache", k_cache, num_kv_heads, head_size)
     _check_cache("v_cache", v_cache, num_kv_heads, head_size)
+    fp8 = _check_kv_scales(k_cache, v_cache, kv_scales)
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         raise ValueError("key and value must be contiguous in the head dimension")
     if slot_mapping.shape[0] < num_tokens:
@@ -105,7 +132,7 @@ def write_kv_cache(
     if num_tokens == 0:
         return
     write_kv_cache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
+        key, value, k_cache, v_cache, slot_mapping, kv_scales if fp8 else slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *k_cache.stride(), *v_cache.stride(),
         NUM_KV_HEADS=num_kv_heads,
@@ -113,6 +140,7 @@ def write_kv_cache(
         HEAD_SIZE=head_size,
         HEAD_PAD=triton.next_power_of_2(head_size),
         BLOCK_SIZE=k_cache.shape[1],
+        FP8_KV=fp8,
     )  # fmt: skip
 
 
@@ -164,6 +192,7 @@ def unified_attention(
     split: SplitPlan | None = None,
     scratch: SplitScratch | None = None,
     batch_invariant: bool = False,
+    kv_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged attention of `q [T, Hq, D]` over the caches; writes `out [T, Hq, D]`.
 
@@ -172,16 +201,20 @@ def unified_attention(
     sequence's last positions; non-causal ones (encoder, cross-attention) are numbered from 0
     and may outnumber the keys (cross-attention: every query sees every key). With
     `batch_invariant` the tiles never depend on the batch (no split, the prefill tile shape
-    for every row), so a request's output is bitwise the same in any batch.
+    for every row), so a request's output is bitwise the same in any batch. fp8 (e4m3)
+    caches are dequantized in registers with `kv_scales [2]` float32 (k_scale, v_scale): the
+    result is attention over `stored * scale` in the query dtype.
     """
     num_tokens, num_q_heads, head_size = q.shape
     num_kv_heads = k_cache.shape[2]
     _check_cache("k_cache", k_cache, num_kv_heads, head_size)
     _check_cache("v_cache", v_cache, num_kv_heads, head_size)
-    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or out.dtype != q.dtype:
+    fp8 = _check_kv_scales(k_cache, v_cache, kv_scales)
+    cache_ok = fp8 or k_cache.dtype == q.dtype
+    if q.dtype not in SUPPORTED_DTYPES or out.dtype != q.dtype or not cache_ok:
         raise ValueError(
-            f"q, caches and out must share one dtype of {SUPPORTED_DTYPES}, got {q.dtype}, "
-            f"{k_cache.dtype}, {out.dtype}"
+            f"q, caches and out must share one dtype of {SUPPORTED_DTYPES} (caches may be "
+            f"{FP8_KV_DTYPE} with kv_scales), got {q.dtype}, {k_cache.dtype}, {out.dtype}"
         )
     if num_q_heads % num_kv_heads:
         raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
@@ -205,7 +238,7 @@ def unified_attention(
         and k_cache.untyped_storage().data_ptr() == v_cache.untyped_storage().data_ptr()
     )
     v_minus_k = (
-        (v_cache.data_ptr() - k_cache.data_ptr()) // q.element_size() if shared_offsets else 0
+        (v_cache.data_ptr() - k_cache.data_ptr()) // k_cache.element_size() if shared_offsets else 0
     )
     if num_segments > 1:
         if scratch is None:
@@ -218,6 +251,7 @@ def unified_attention(
         out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         sinks if sinks is not None else dummy,
         alibi_slopes if alibi_slopes is not None else dummy,
+        kv_scales if fp8 else dummy,
         seg_acc, seg_max, seg_sum,
         scale, soft_cap or 0.0, num_seqs, num_q_heads, segment, v_minus_k,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -228,7 +262,7 @@ def unified_attention(
         USE_SINKS=sinks is not None, USE_ALIBI=alibi_slopes is not None,
         USE_SOFTCAP=bool(soft_cap), NUM_SEGMENTS=num_segments,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        SHARED_KV_OFFSETS=shared_offsets,
+        SHARED_KV_OFFSETS=shared_offsets, FP8_KV=fp8,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if num_segments > 1:

@@ -16,6 +16,10 @@ Their oracle is `scaled_dot_product_attention` per request in float64, independe
 backend (`sdpa`). A cell of a type the backend does not declare is reported "unsupported" with
 the backend's reasons.
 
+fp8 cells (`FP8_GRID`, decoder cells with `kv_cache_dtype="fp8"`) compare the backend with
+attention over its own cache dequantized, check every written slot bit for bit against the
+quantized key and value, and bound the difference from an unquantized cache (`fp8`).
+
 Besides the outputs every cell checks the contract: `get_cache_config` is pure and of the cell's
 kind, the output is written in place and returned, bad shapes and dtypes raise ValueError, and on
 CUDA `forward` neither syncs with the host nor allocates (on CPU these two are "not
@@ -28,14 +32,15 @@ recurrence computed token by token in float64.
 Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross` (a cross cell's
 steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
 (the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
-cells), `run` (`run_cell`, `run_conformance`), `report` (`print_report`), `prepare`
-(`prepare_cli`) and `command` (`unified-attn check`).
+cells), `fp8` (the fp8 cells' oracle and checks), `run` (`run_cell`, `run_conformance`),
+`report` (`print_report`), `prepare` (`prepare_cli`) and `command` (`unified-attn check`).
 """
 
 from unified_attn.harness.conformance.cells import (
     CROSS_GRID,
     CUDA_CELLS,
     ENCODER_GRID,
+    FP8_GRID,
     GRID,
     Cell,
     CrossCell,
@@ -48,6 +53,7 @@ __all__ = [
     "CROSS_GRID",
     "CUDA_CELLS",
     "ENCODER_GRID",
+    "FP8_GRID",
     "GRID",
     "Cell",
     "CrossCell",

@@ -1,7 +1,8 @@
 """The cells of the conformance grid, each carrying its attention type: `Cell` (a batch's shape
 and the layer's options: decoder cells, and encoder / encoder-only cells that keep no cache),
 `CrossCell` (cross-attention over encoder keys written in earlier steps), the CPU grids `GRID`,
-`ENCODER_GRID` and `CROSS_GRID`, and the half-precision `CUDA_CELLS`."""
+`ENCODER_GRID`, `CROSS_GRID` and `FP8_GRID` (decoder cells over an fp8 KV cache), and the
+half-precision `CUDA_CELLS`."""
 
 from __future__ import annotations
 
@@ -35,10 +36,22 @@ class Cell:
     sinks: bool = False
     dtype: torch.dtype = torch.float32
     attn_type: AttentionType = AttentionType.DECODER
+    # "fp8": the backend stores K/V as float8 e4m3 (compared by `fp8.compare_fp8`)
+    kv_cache_dtype: str = "auto"
+    # fp8 cells: checkpoint scales (k, v) passed as the `kv_scales` forward kwarg (None: the
+    # backend calibrates on the first step), and a gain on the keys and values of the cell's
+    # own step (> 1: they exceed what the history step calibrated, so the cache saturates)
+    kv_scales: tuple[float, float] | None = None
+    new_kv_gain: float = 1.0
 
     def __attrs_post_init__(self) -> None:
         if self.attn_type == AttentionType.ENCODER_DECODER:
             raise ValueError(f"cell {self.name!r}: cross-attention cells are `CrossCell`s")
+        fp8_only = self.kv_scales is not None or self.new_kv_gain != 1.0
+        if fp8_only and self.kv_cache_dtype == "auto":
+            raise ValueError(f"cell {self.name!r}: kv_scales and new_kv_gain need an fp8 cache")
+        if self.kv_cache_dtype != "auto" and self.attn_type != AttentionType.DECODER:
+            raise ValueError(f"cell {self.name!r}: fp8 cells are decoder cells")
         options = {"sliding_window": self.sliding_window, "chunk_size": self.chunk_size,
                    "soft_cap": self.soft_cap, "sinks": self.sinks or None}  # fmt: skip
         used = [k for k, v in options.items() if v is not None]
@@ -62,7 +75,7 @@ class Cell:
         )
 
     def backend_kwargs(self) -> dict[str, Any]:
-        return {
+        kwargs: dict[str, Any] = {
             "num_kv_heads": self.num_kv_heads,
             "head_size": self.head_size,
             "dtype": self.dtype,
@@ -70,11 +83,15 @@ class Cell:
             "attention_chunk_size": self.chunk_size,
             "attn_type": self.attn_type,
         }
+        if self.kv_cache_dtype != "auto":
+            kwargs["kv_cache_dtype"] = self.kv_cache_dtype
+        return kwargs
 
     def selector_config(self, device: str) -> SelectorConfig:
         return SelectorConfig(
             head_size=self.head_size,
             dtype=self.dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             block_size=self.block_size,
             has_sinks=self.sinks,
             sliding_window=self.sliding_window,
@@ -195,6 +212,18 @@ CROSS_GRID = (
         head_size=32,
     ),
 )
+FP8_GRID = (
+    Cell("fp8 cache: prefill", computed=(0, 0), new=(7, 12), kv_cache_dtype="fp8"),
+    Cell("fp8 cache: decode", computed=(5, 17, 33), new=(1, 1, 1), kv_cache_dtype="fp8"),
+    mixed("fp8 cache: mixed", kv_cache_dtype="fp8"),
+    mixed("fp8 cache: sliding window 8", sliding_window=8, kv_cache_dtype="fp8"),
+    mixed("fp8 cache: sinks, soft cap 2", sinks=True, soft_cap=2.0, kv_cache_dtype="fp8"),
+    mixed("fp8 cache: GQA 8:1, head 32", num_heads=8, num_kv_heads=1, head_size=32,
+          kv_cache_dtype="fp8"),
+    mixed("fp8 cache: checkpoint scales", kv_cache_dtype="fp8", kv_scales=(0.02, 0.03)),
+    mixed("fp8 cache: saturation", kv_cache_dtype="fp8", new_kv_gain=4.0),
+    mixed("fp8 cache: float16", kv_cache_dtype="fp8", dtype=torch.float16),
+)  # fmt: skip
 HALF_PRECISION = (
     "mixed",
     "decode",
@@ -209,4 +238,8 @@ CUDA_CELLS: tuple[AttentionCell, ...] = tuple(
     for dtype in (torch.float16, torch.bfloat16)
     for cell in GRID + ENCODER_GRID + CROSS_GRID
     if cell.name in HALF_PRECISION
+) + tuple(
+    attrs.evolve(cell, name=f"{cell.name}, bfloat16", dtype=torch.bfloat16)
+    for cell in FP8_GRID
+    if cell.name in ("fp8 cache: mixed", "fp8 cache: decode", "fp8 cache: sinks, soft cap 2")
 )

@@ -17,8 +17,9 @@ from unified_attn.harness.conformance.steps import GROUP_ID, Step
 
 def bind(
     backend: AttentionBackend, cell: AttentionCell, num_blocks: int, seed: int, device: str
-) -> None:
-    """A strided view (block stride twice the page, offset one page) over seeded garbage."""
+) -> torch.Tensor:
+    """A strided view (block stride twice the page, offset one page) over seeded garbage;
+    returns the view (`[num_blocks, 2, block_size, Hkv, D]`) the backend was bound to."""
     _, _, spec = require_cache_config(backend)
     page = spec.page_size_bytes(cell.block_size)
     buffer = torch.empty(2 * page * (num_blocks + 1), dtype=torch.uint8, device=device)
@@ -28,6 +29,7 @@ def bind(
     if not isinstance(view, torch.Tensor):
         raise ValueError(f"{backend.name}: the suite checks paged K/V backends, got {spec}")
     backend.bind_kv_caches({LAYER: view}, {LAYER: GROUP_ID})
+    return view
 
 
 def run_step(
@@ -36,11 +38,13 @@ def run_step(
     step: Step,
     sinks: torch.Tensor | None,
     checks: dict[str, str] | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
+    """One step through the contract; `extra`: more forward kwargs (fp8 `kv_scales`)."""
     tables = {} if step.block_table is None else {GROUP_ID: step.block_table}
     backend.prep_forward(step.common, tables)
     output = torch.full_like(step.query, float("nan"))
-    kwargs = {} if sinks is None else {"sinks": sinks}
+    kwargs = ({} if sinks is None else {"sinks": sinks}) | (extra or {})
     forward = functools.partial(
         backend.forward, cell.layer(), output, step.query, step.key, step.value, **kwargs
     )

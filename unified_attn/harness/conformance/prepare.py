@@ -1,7 +1,8 @@
 """What the command-line runs share (`check`, `migrate`, `run`, `plan` and the benchmarks): the
 process set-up (`prepare_cli`: the device checked, the import path, the Triton interpreter on
-CPU, the CPU thread count) and the argument types (`positive_int`, `memory_size`, `DTYPES`), so
-bad values are refused with one message naming the option, the expected and the found value."""
+CPU, the CPU thread count) and the argument types (`positive_int`, `memory_size`, `DTYPES`,
+`kv_cache_dtype`), so bad values are refused with one message naming the option, the expected
+and the found value."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.memory import parse_memory
+from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -61,3 +63,12 @@ def memory_size(text: str) -> int:
         return parse_memory(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def kv_cache_dtype(text: str) -> str:
+    """argparse type: an engine's `kv_cache_dtype`, `auto` or `fp8` (`fp8_e4m3`)."""
+    try:
+        kv_cache_dtype_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text

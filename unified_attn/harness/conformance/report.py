@@ -8,6 +8,8 @@ from typing import Any
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE
 
 CHECKS = ("cache config pure", "in-place output", "rejects bad inputs", "host sync", "allocation")
+# fp8 cells only (`fp8.py`): shown after the others when a row has them
+FP8_CHECKS = ("fp8 page", "fp8 cache write", "fp8 vs unquantized")
 # Row "type" -> the title of its table, in the order the tables are printed.
 SECTIONS = {
     "decoder": "decoder self-attention (causal, paged KV cache)",
@@ -44,8 +46,13 @@ def section_table(title: str, rows: list[dict[str, Any]]) -> Any:
         table.add_column(column, overflow="fold")
     table.add_column("detail", overflow="fold", ratio=1)  # the rest of the width: folds first
     for r in rows:
-        marks = " ".join(check_mark(r["checks"].get(name)) for name in CHECKS)
-        notes = [f"{k}: {v}" for k, v in r["checks"].items() if v.endswith("temporaries")]
+        names = CHECKS + (FP8_CHECKS if FP8_CHECKS[0] in r["checks"] else ())
+        marks = " ".join(check_mark(r["checks"].get(name)) for name in names)
+        notes = [
+            f"{k}: {v}"
+            for k, v in r["checks"].items()
+            if v.endswith("temporaries") or v.startswith("not compared")
+        ]
         detail = "; ".join(filter(None, [r.get("detail", ""), *notes]))
         max_err = "" if r["max_err"] is None else f"{r['max_err']:.1e}"
         status = f"[{COLOUR[r['status']]}]{r['status']}"
@@ -65,7 +72,8 @@ def print_report(report: dict[str, Any]) -> None:
         if rows:
             console.print(section_table(title, rows))
     console.print(
-        "checks: " + " / ".join(CHECKS) + " (✓ pass, ✗ fail, - not measurable on CPU, ~ see detail)"
+        "checks: " + " / ".join(CHECKS) + " (fp8 cells add " + " / ".join(FP8_CHECKS) + "; "
+        "✓ pass, ✗ fail, - not measurable on CPU, ~ see detail)"
     )
     verdict = "[green]PASS" if report["ok"] else "[red]FAIL"
     console.print(

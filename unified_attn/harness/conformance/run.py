@@ -13,11 +13,13 @@ from unified_attn.harness.conformance.cells import (
     CROSS_GRID,
     CUDA_CELLS,
     ENCODER_GRID,
+    FP8_GRID,
     GRID,
     AttentionCell,
     CrossCell,
 )
 from unified_attn.harness.conformance.checks import check_cache_config
+from unified_attn.harness.conformance.fp8 import compare_fp8
 from unified_attn.harness.conformance.oracle import compare_with_oracle
 from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
 from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
@@ -62,9 +64,12 @@ def run_cell(
 def compare(
     backend_cls: type[AttentionBackend], cell: AttentionCell, device: str, seed: int, checks: dict
 ) -> tuple[float, str]:
-    """The cell against its oracle: the reference backend for decoder cells, SDPA otherwise."""
+    """The cell against its oracle: the reference backend for decoder cells, the backend's own
+    dequantized cache for fp8 cells, SDPA otherwise."""
     if isinstance(cell, CrossCell):
         return compare_cross(backend_cls, cell, device, seed, checks)
+    if cell.kv_cache_dtype != "auto":
+        return compare_fp8(backend_cls, cell, device, seed, checks)
     if cell.attn_type == AttentionType.DECODER:
         return compare_with_oracle(backend_cls, cell, device, seed, checks)
     return compare_encoder(backend_cls, cell, device, seed, checks)
@@ -85,11 +90,11 @@ def default_cells(
     backend_cls: type[AttentionBackend], device: str
 ) -> tuple[AttentionCell | StateCell, ...]:
     """The grid of every layer kind the backend computes: attention cells of all four types
-    (those of a type the backend does not declare come out unsupported), half-precision cells
-    on CUDA."""
+    and over an fp8 cache (those the backend does not declare come out unsupported),
+    half-precision cells on CUDA."""
     cells: tuple[AttentionCell | StateCell, ...] = ()
     if "attention" in backend_cls.layer_kinds:
-        cells += GRID + ENCODER_GRID + CROSS_GRID
+        cells += GRID + ENCODER_GRID + CROSS_GRID + FP8_GRID
         cells += CUDA_CELLS if torch.device(device).type == "cuda" else ()
     if "linear_state" in backend_cls.layer_kinds:
         cells += STATE_GRID

@@ -112,6 +112,8 @@ def make_steps(cell: Cell, device: str, seed: int) -> tuple[list[Step], int]:
         torch.randn(2, c + n, cell.num_kv_heads, cell.head_size, generator=gen)
         for c, n in zip(cell.computed, cell.new, strict=True)
     ]
+    for i, computed in enumerate(cell.computed):  # fp8 saturation cells: louder new tokens
+        kv[i][:, computed:] *= cell.new_kv_gain
     total = [c + n for c, n in zip(cell.computed, cell.new, strict=True)]
     steps = [
         make_step(

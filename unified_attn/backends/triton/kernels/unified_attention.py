@@ -10,6 +10,11 @@ from 0, so a query chunk may be longer than its keys (cross-attention) and every
 sees keys `[0, seq_len)` under no window or chunk. With NUM_SEGMENTS > 1 (split-KV, decode),
 segment s covers keys `[s * segment_len, (s + 1) * segment_len)` (the last one everything after)
 and stores an unnormalised partial result that `merge_segments_kernel` combines.
+
+An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
+to the query dtype (exact: every e4m3 value is a float16/bfloat16/float32 value); the K scale is
+folded into the softmax scale (`s = (q . k) * scale * k_scale`) and the V scale into the
+accumulator before it is normalised or stored, so the scales cost two scalar loads per program.
 """
 
 import triton
@@ -42,6 +47,7 @@ def unified_attention_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     sinks_ptr,  # [Hq] float32 or dummy
     alibi_ptr,  # [Hq] float32 or dummy
+    kv_scales_ptr,  # [2] float32 (k_scale, v_scale) of an fp8 cache, else a dummy
     seg_acc_ptr,  # [T, Hq, NUM_SEGMENTS, HEAD_PAD] float32 (split-KV only)
     seg_max_ptr,  # [T, Hq, NUM_SEGMENTS]
     seg_sum_ptr,  # [T, Hq, NUM_SEGMENTS]
@@ -81,6 +87,7 @@ def unified_attention_kernel(
     NUM_SEGMENTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact float32 dots, else "tf32"
     SHARED_KV_OFFSETS: tl.constexpr,  # V = K's offsets + v_minus_k (same strides, one storage)
+    FP8_KV: tl.constexpr,  # the caches are float8 e4m3: dequantize with the scales
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -149,6 +156,9 @@ def unified_attention_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    qk_scale = scale
+    if FP8_KV:
+        qk_scale = scale * tl.load(kv_scales_ptr)
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0).to(tl.float32)
 
@@ -177,7 +187,9 @@ def unified_attention_kernel(
         )
         kv_mask = key_valid[:, None] & dim_valid[None, :]
         k = tl.load(k_cache_ptr + k_offs, mask=kv_mask, other=0.0)  # [TILE, HEAD_PAD]
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+        if FP8_KV:
+            k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         if USE_SOFTCAP:
             # c * tanh(s / c), overflow-safe: tanh(x) = 1 - 2 / (exp(2x) + 1)
             s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
@@ -209,8 +221,13 @@ def unified_attention_kernel(
                 dims[None, :] * stride_vd
             )
             v = tl.load(v_cache_ptr + v_offs, mask=kv_mask, other=0.0)  # [TILE, HEAD_PAD]
+        if FP8_KV:
+            v = v.to(q.dtype)
         acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+
+    if FP8_KV:
+        acc = acc * tl.load(kv_scales_ptr + 1)
 
     if NUM_SEGMENTS == 1:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]

@@ -1,0 +1,242 @@
+"""DeepSeek-V4 against transformers on a saved checkpoint (CPU, float32, reference backends):
+prompt logits and 32 greedy tokens through the paged runner, then through the engine with
+chunked prefill that does not align with the compression rates, forced preemption, prefix-cache
+hits of several lengths, and per-group block sizes; config translation and loading errors.
+
+The tiny config makes every feature bite within 64 tokens: a window of 8, CSA every 4 tokens
+(16 entries, the indexer keeps 4), HCA every 8, hash routing on layer 0, sinks and position
+biases scaled up so they move the logits, and a YaRN "compress" RoPE.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.models.hf_models import hf_logits, make_hf_model, save_hf_model
+from tests.models.prefill import greedy_decode, prefill_logits
+from unified_attn import LLMEngine, SamplingParams
+from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
+from unified_attn.models import V4_PRESETS, DeepseekV4ForCausalLM
+from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf, load_deepseek_v4
+from unified_attn.models.hf_config import config_from_hf, read_hf_config
+
+SLIDING = "sliding_attention"
+CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
+V4 = dict(
+    num_hidden_layers=5,
+    layer_types=[SLIDING, CSA, CSA, HCA, CSA],
+    mlp_layer_types=["hash_moe", "moe", "moe", "moe", "moe"],
+    num_key_value_heads=1,
+    head_dim=32,
+    partial_rotary_factor=0.25,  # 8 RoPE features of 32
+    q_lora_rank=32,
+    o_groups=2,
+    o_lora_rank=16,
+    sliding_window=8,
+    compress_rates={CSA: 4, HCA: 8},
+    index_n_heads=16,  # many heads: exact-zero index scores (ties in top-k) stay unlikely
+    index_head_dim=16,
+    index_topk=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    intermediate_size=32,  # transformers aliases it to moe_intermediate_size
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+)
+SCALES = {"sinks": 10.0, "position_bias": 10.0, "mlp.gate.weight": 10.0}
+NUM_TOKENS = 32
+MEMORY = "2MiB"
+
+
+def make_v4(**overrides):
+    """The random transformers model: sinks, position biases and routers scaled up, hash
+    routing to 2 distinct random experts per token, a random correction bias."""
+    hf = make_hf_model("deepseek_v4", **{**V4, **overrides})
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            for suffix, scale in SCALES.items():
+                if name.endswith(suffix):
+                    param.mul_(scale)
+        for name, buffer in hf.named_buffers():
+            if name.endswith("tid2eid"):
+                order = torch.rand(buffer.shape[0], 4, generator=gen).argsort(dim=-1)
+                buffer.copy_(order[:, : buffer.shape[1]])
+            elif name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn(buffer.shape, generator=gen) * 0.5)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    hf = make_v4()
+    return hf, save_hf_model(hf, tmp_path_factory.mktemp("v4"))
+
+
+def prompts(lengths, seed=0, shared=0):
+    gen = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, 128, (shared,), generator=gen).tolist()
+    return [prefix + torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
+
+
+def check_tokens(hf, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """Our greedy tokens are transformers' argmax at every step; returns its logits."""
+    full = hf_logits(hf, prompt + tokens)
+    assert tokens == full[len(prompt) - 1 : -1].argmax(-1).tolist()
+    return full
+
+
+def test_prompt_logits_and_greedy_tokens_match_transformers(checkpoint):
+    hf, path = checkpoint
+    ours, tokenizer = load_deepseek_v4(path, DeepseekV4WindowBackend)
+    assert tokenizer is None
+    batch = prompts([64, 23, 5, 1])
+    for prompt, logits in zip(batch, prefill_logits(ours, batch, block_size=8), strict=True):
+        assert (logits - hf_logits(hf, prompt)).abs().max() < 1e-4
+    outputs = greedy_decode(ours, batch, NUM_TOKENS, block_size=8)
+    for prompt, tokens in zip(batch, outputs, strict=True):
+        check_tokens(hf, prompt, tokens)
+
+
+def check_engine(hf, outputs, batch, prompt_logits=True):
+    for prompt, out in zip(batch, outputs, strict=True):
+        full = check_tokens(hf, prompt, out.output_token_ids)
+        sampled = full[len(prompt) - 1 : len(prompt) - 1 + NUM_TOKENS]
+        assert (out.logits - sampled).abs().max() < 1e-4
+        if prompt_logits:
+            assert (out.prompt_logits - full[: len(prompt)]).abs().max() < 1e-4
+
+
+PARAMS = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, return_logits=True)
+PROMPT_PARAMS = SamplingParams(
+    max_tokens=NUM_TOKENS, ignore_eos=True, prompt_logits=True, return_logits=True
+)
+
+
+def test_engine_chunked_prefill_and_preemption_match_transformers(checkpoint):
+    # 13-token chunks: windows of 4 and 8 tokens close in a later step than they open. Room for
+    # one request of max_model_len plus two spare blocks: requests are preempted and resume
+    # from their cached prefixes.
+    hf, path = checkpoint
+    options = dict(max_model_len=112, max_num_batched_tokens=13, block_size=8)
+    probe = LLMEngine(str(path), kv_cache_memory=MEMORY, **options)
+    assert probe.backend_cls is DeepseekV4WindowBackend
+    memory = probe.worker.plan.bytes_per_block * (sum(probe.worker.blocks_per_request) + 2)
+    engine = LLMEngine(str(path), kv_cache_memory=memory, **options)
+    batch = prompts([23, 5, 64, 1])
+    check_engine(hf, engine.generate(batch, PROMPT_PARAMS), batch)
+    assert engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_engine_prefix_cache_hits_match_transformers(checkpoint, block_size):
+    # Hits are multiples of every group's block size (the plan mixes sizes: 8 and 32, or 16
+    # and 64), and restore both the compressed entries and the compressors' raw windows.
+    hf, path = checkpoint
+    engine = LLMEngine(
+        str(path), max_num_batched_tokens=64, block_size=block_size, kv_cache_memory=MEMORY
+    )
+    sizes = {g["block_size"] for g in engine.kv_cache_report.groups}
+    assert sizes == {block_size, 4 * block_size}
+    alignment = engine.kv_cache_manager.coordinator.alignment
+    for shared, tails, seed in [(70, [9, 2], 1), (36, [3, 12], 2), (65, [1], 3)]:
+        first = prompts([3], seed=seed, shared=shared)
+        check_engine(hf, engine.generate(first, PROMPT_PARAMS), first)
+        hits = engine.kv_cache_manager.prefix_cache_stats.hits
+        batch = prompts(tails, seed=seed, shared=shared)  # the same prefix, new tails
+        check_engine(hf, engine.generate(batch, PARAMS), batch, prompt_logits=False)
+        cached = shared // alignment * alignment
+        assert engine.kv_cache_manager.prefix_cache_stats.hits - hits >= len(tails) * cached
+
+
+# ---- configs and errors -----------------------------------------------------------------------
+
+
+def test_config_translation(checkpoint):
+    _, path = checkpoint
+    cfg = deepseek_v4_config_from_hf(read_hf_config(path), name="x")
+    assert cfg.layer_types == tuple(V4["layer_types"])
+    assert cfg.mlp_layer_types == tuple(V4["mlp_layer_types"])
+    assert (cfg.csa_compress_rate, cfg.hca_compress_rate, cfg.qk_rope_head_dim) == (4, 8, 8)
+    assert (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk) == (16, 16, 4)
+    assert cfg.rope_scaling is None and cfg.rope_theta == 10000.0
+    scaling = cfg.compress_rope_scaling
+    assert scaling is not None and (scaling.rope_type, scaling.factor) == ("yarn", 4.0)
+    assert scaling.attention_factor == 1.0 and cfg.compress_rope_theta == 160000.0
+    with pytest.raises(ValueError, match=r"DeepSeek-V4 model.*load_deepseek_v4"):
+        config_from_hf(read_hf_config(path))
+
+
+def test_legacy_config_fields_fold_in_as_transformers_does():
+    hf = {
+        "architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 4,
+        "compress_ratios": [0, 4, 128, 4], "num_hash_layers": 1, "qk_rope_head_dim": 64,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 4096},
+    }  # fmt: skip
+    cfg = deepseek_v4_config_from_hf(hf)
+    assert cfg.layer_types == (SLIDING, CSA, HCA, CSA)
+    assert cfg.mlp_layer_types == ("hash_moe", "moe", "moe", "moe")
+    assert cfg.qk_rope_head_dim == 64 and cfg.rope_scaling is None
+    assert cfg.compress_rope_scaling is not None and cfg.compress_rope_scaling.factor == 16
+    assert cfg.compress_rope_scaling.attention_factor == 1.0
+
+
+def edited(path, tmp_path, **changes):
+    target = tmp_path / "edited"
+    target.mkdir()
+    for file in path.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    config = json.loads((target / "config.json").read_text())
+    config.update(changes)
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(num_hidden_layers=6, layer_types=V4["layer_types"] + [SLIDING],
+              mlp_layer_types=V4["mlp_layer_types"] + ["moe"]), r"missing \['model\.layers\.5\."),
+        (dict(layer_types=[SLIDING] * 5), r"unexpected \['model\.layers\.1\.self_attn\.compress"),
+        (dict(q_lora_rank=24), r"q_a_norm\.weight .*has shape \(32,\), the config implies"),
+        (dict(num_key_value_heads=2), "shared-KV"),
+        (dict(layer_types=["global"] * 5), r"layer_types needs num_layers=5 entries from"),
+        (dict(quantization_config={"quant_method": "fp8"}), "quantized checkpoints"),
+    ],
+)  # fmt: skip
+def test_loading_errors_say_what_to_fix(checkpoint, tmp_path, changes, message):
+    _, path = checkpoint
+    with pytest.raises(ValueError, match=message):
+        load_deepseek_v4(edited(path, tmp_path, **changes), DeepseekV4WindowBackend)
+
+
+def test_original_names_and_multi_token_prediction_weights_load(checkpoint, tmp_path):
+    # transformers saves DeepSeek's own names (`attn.wq_a`, `ffn.experts.0.w1`, ...); real
+    # checkpoints also carry `mtp.*` modules, which are dropped
+    from safetensors.torch import load_file, save_file
+
+    hf, path = checkpoint
+    target = edited(path, tmp_path)
+    state = load_file(target / "model.safetensors")
+    assert "model.layers.1.attn.compressor.ape" in state
+    state["mtp.0.eh_proj.weight"] = torch.zeros(64, 128)
+    save_file(state, target / "model.safetensors")
+    ours, _ = load_deepseek_v4(target, DeepseekV4WindowBackend)
+    (logits,) = prefill_logits(ours, [[5, 6, 7]], block_size=8)
+    assert (logits - hf_logits(hf, [5, 6, 7])).abs().max() < 1e-4
+
+
+def test_preset_runs_in_the_engine_with_balanced_groups():
+    cfg = V4_PRESETS["deepseek-v4-like"]
+    assert {cfg.layer_count(kind) for kind in (SLIDING, CSA, HCA)} >= {1}
+    engine = LLMEngine("deepseek-v4-like", kv_cache_memory="1MiB", max_model_len=128)
+    assert isinstance(engine.model, DeepseekV4ForCausalLM)
+    (out,) = engine.generate(["The cache"], SamplingParams(max_tokens=4))
+    assert len(out.output_token_ids) == 4
+    groups = engine.kv_cache_report.groups
+    managers = [(g["manager"], g["block_size"]) for g in groups]
+    assert managers == [("SlidingWindowManager", 16)] * 5 + [("FullAttentionManager", 64)]
+    assert all(g["wasted_bytes_per_block"] == 0 for g in groups)

@@ -1,0 +1,216 @@
+"""DeepSeek-V4 attention through the unified contract: the reference (plain torch) backends.
+
+**Cache users.** A V4 attention layer `model.layers.i.self_attn` keeps several caches, each
+with its own allocation policy, so the model yields one *cache user* per cache from
+`attention_layers()` (a `LayerConfig` named `...self_attn.<user>` and the backend instance that
+owns that cache), exactly like ordinary layers. Each instance returns its own
+`(manager_cls, config, spec)`; the worker groups and sizes them with no DeepSeek-specific code:
+
+- `swa` (every layer): `DeepseekV4WindowBackend`, `SlidingWindowManager(sliding_window)`,
+  `LatentKVSpec(head_dim)`: the roped latent of every token (key = value).
+- `compressor` (CSA, HCA): `CompressorStateBackend`, `SlidingWindowManager(span)`,
+  `PagedKVSpec(1, width)`: the raw rows the next compressed entries pool.
+- `compressed` (CSA, HCA): `CompressedAttentionBackend`, `FullAttentionManager()`,
+  `CompressedLatentSpec(head_dim, rate)`: one pooled entry per `rate` tokens.
+- `indexer_compressor` (CSA): `CompressorStateBackend`, `SlidingWindowManager(2 * rate)`,
+  `PagedKVSpec(1, 2 * index_head_dim)`.
+- `indexer` (CSA): `LightningIndexerBackend`, `FullAttentionManager()`,
+  `CompressedLatentSpec(index_head_dim, rate)`: the indexer's keys.
+
+The compressor keeps the raw `(kv, gate)` projections of the last `span` tokens (K = kv, V =
+gate, `width` features each): CSA's overlapping windows read the previous window's first half
+(Ca) and the current window's second half (Cb), so `span = 2 * rate` and `width = 2 * head_dim`;
+HCA's windows do not overlap (`span = rate`, `width = head_dim`). It is a sliding window, not a
+recurrent state, so prefix-cache hits stay right-aligned like any window.
+
+**One step of a CSA layer** (HCA: no indexer, every complete entry visible):
+
+1. `compressor.forward(layer, windows, kv, kv, gate)`: write the step's raw rows, then gather
+   the N windows that close in this step (`closing_windows()`: N, a host int, and their first
+   positions) as `windows [N, 2, span, width]` (kv, gate; rows before position 0: kv 0, gate
+   -inf).
+2. The model pools each window into one entry `[N, D]` (softmax gates + position bias,
+   `kv_norm`, RoPE at the window's first position).
+3. `indexer.forward(layer, topk [T, index_topk] int64, q_idx, entries_idx, entries_idx,
+   weights=[T, Hi])`: write the indexer entries, fill the top-k complete entries of every query
+   (-1 where fewer exist).
+4. `compressed.forward(layer, out_c, q, entries, entries, lse=lse_c, topk=topk)`: write the
+   entries, attend over the selected complete ones.
+5. `swa.forward(layer, out_s, q, kv, kv, lse=lse_s)`: write the token's latent, attend over
+   the window.
+
+**Reading several caches.** No backend reads another's cache: each attends over its own keys
+and returns a *partial* softmax (`output` and its log-sum-exp `lse`, -inf where a query sees
+no key); the model merges the partials and the learned sinks into the one softmax transformers
+computes (split-KV attention: exact up to float rounding). The closing windows, their entries
+and their slots line up because every user enumerates them in the same order
+(`deepseek_v4_steps.closing_windows`). `forward` reads only its arguments, `self.plan` and its
+own views: no host sync.
+
+**Prefix hits.** A hit is a multiple of every group's block size, and block sizes are multiples
+of the rates, so the compressed caches hold every entry of the hit (entry w is written when its
+last token is computed, in the step that fills its block) and the compressor's window holds the
+`span - 1` raw rows before the hit that the next windows read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+import torch
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CacheConfig,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
+from unified_attn.backends.deepseek_v4_compressed import (
+    CompressedAttentionBackend,
+    CompressorStateBackend,
+    LightningIndexerBackend,
+)
+from unified_attn.backends.deepseek_v4_steps import (
+    block_size_of,
+    check_tensor,
+    group_ids,
+    host_table,
+    partial_attention,
+    step_layout,
+    table_lookup,
+    write_rows,
+)
+from unified_attn.managers import SlidingWindowManager
+from unified_attn.selector import SelectorConfig, register_backend
+from unified_attn.tensor_specs import LatentKVSpec
+
+
+@attrs.frozen
+class WindowIndex:
+    """One KV-cache group of the sliding-window latents (device tensors)."""
+
+    write_rows: torch.Tensor  # [Tw] int64 token rows that have a slot
+    write_blocks: torch.Tensor  # [Tw] int64
+    write_offsets: torch.Tensor  # [Tw] int64
+    key_blocks: torch.Tensor  # [T, W] int64: positions p - W + 1 .. p of each token
+    key_offsets: torch.Tensor  # [T, W] int64
+    key_valid: torch.Tensor  # [T, W] bool: False before position 0
+
+
+@attrs.frozen
+class WindowPlan:
+    num_tokens: int  # host: token rows with data
+    groups: dict[int, WindowIndex]
+
+
+@register_backend(priority={"cpu": 100, "cuda": 10})
+class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
+    """The `swa` cache user: one latent of `head_size` per token (key = value, shared by every
+    head) under the sliding-window manager, and the attention over it. The classes of the
+    layer's other cache users are class attributes, so a kernel backend replaces any of them
+    by subclassing."""
+
+    name = "deepseek-v4-reference"
+    layer_kinds = ("deepseek_v4",)
+    compressed_cls: ClassVar[type[AttentionBackend]] = CompressedAttentionBackend
+    indexer_cls: ClassVar[type[AttentionBackend]] = LightningIndexerBackend
+    compressor_cls: ClassVar[type[AttentionBackend]] = CompressorStateBackend
+
+    def __init__(self, *, num_kv_heads: int = 1, **kwargs: Any) -> None:
+        super().__init__(num_kv_heads=num_kv_heads, **kwargs)
+        problems = []
+        if num_kv_heads != 1:
+            problems.append(f"num_kv_heads={num_kv_heads}, expected 1 (shared-KV MQA)")
+        if self.sliding_window is None:
+            problems.append("sliding_window is required (every V4 layer slides)")
+        if self.kv_cache_dtype != self.dtype:
+            problems.append(f"kv_cache_dtype={self.kv_cache_dtype} differs from {self.dtype}")
+        if self.attn_type != AttentionType.DECODER or self.num_sink_tokens:
+            problems.append("V4 layers are causal decoder layers without sink tokens")
+        if problems:
+            raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+
+    @classmethod
+    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
+        reasons = []
+        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
+            reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
+        if cfg.attn_type != AttentionType.DECODER:
+            reasons.append(f"V4 layers are causal decoder layers, not {cfg.attn_type.value}")
+        if cfg.attention_chunk_size is not None or cfg.sliding_window is None:
+            reasons.append("V4 layers need a sliding window and no attention chunks")
+        return reasons
+
+    def get_cache_config(self) -> CacheConfig:
+        assert self.sliding_window is not None  # checked by the constructor
+        spec = LatentKVSpec(self.head_size, self.kv_cache_dtype)
+        return SlidingWindowManager, SlidingWindowManager.Config(self.sliding_window), spec
+
+    def prep_forward(
+        self,
+        common: CommonAttentionMetadata,
+        block_tables: dict[int, torch.Tensor],
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        assert self.sliding_window is not None
+        layout = step_layout(common)
+        window = self.sliding_window
+        keys = layout.positions[:, None] - (window - 1) + torch.arange(window)  # [T, W]
+        groups = {}
+        for gid in group_ids(self):
+            table, bs = host_table(block_tables, gid), block_size_of(self, common, gid, 1)
+            slots = common.slot_mappings[gid][: layout.num_tokens].cpu()
+            rows = torch.nonzero(slots >= 0).flatten()
+            blocks, offsets = table_lookup(table, layout.request[:, None], keys, bs)
+            tensors = (rows, slots[rows] // bs, slots[rows] % bs, blocks, offsets, keys >= 0)
+            groups[gid] = WindowIndex(*(t.to(common.positions.device) for t in tensors))
+        self.plan = WindowPlan(layout.num_tokens, groups)
+
+    def forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Write `key [T, D]` (the roped latents; `value` is not read) at the group's slots,
+        attend with `query [T, H, D]` over each token's window into `output [T, H * D]` and
+        `lse [T, H]` (float32 keyword)."""
+        plan = self.current_plan()
+        n, heads, width = plan.num_tokens, layer.num_heads, self.head_size
+        lse = kwargs.get("lse")
+        device = query.device
+        check_tensor(layer, "query", query, (n, heads, width), self.dtype, device)
+        check_tensor(layer, "key", key, (n, width), self.dtype, device)
+        check_tensor(layer, "output", output, (n, heads * width), self.dtype, device)
+        if lse is None:
+            raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
+        check_tensor(layer, "lse", lse, (n, heads), torch.float32, device)
+        index = plan.groups[self.group_of_layer[layer.name]]
+        cache = self.kv_caches[layer.name]  # [num_blocks, block_size, D]
+        rows = index.write_rows
+        write_rows(cache, index.write_blocks, index.write_offsets, key[rows])
+        keys = cache[index.key_blocks, index.key_offsets]  # [T, W, D]
+        out = output.view(n, heads, width)
+        partial_attention(query, keys, index.key_valid, layer.scale, out, lse)
+        return output
+
+    def check_layer(self, layer: LayerConfig) -> None:
+        super().check_layer(layer)
+        if layer.logits_soft_cap is not None:
+            raise ValueError(
+                f"layer {layer.name}: logits_soft_cap={layer.logits_soft_cap} is not supported "
+                "by DeepSeek-V4 backends; give the layer logits_soft_cap=None"
+            )
+
+
+__all__ = [
+    "CompressedAttentionBackend",
+    "CompressorStateBackend",
+    "DeepseekV4WindowBackend",
+    "LightningIndexerBackend",
+]

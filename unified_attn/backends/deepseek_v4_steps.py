@@ -1,0 +1,144 @@
+"""Host-side step layout and plain-torch math shared by DeepSeek-V4's cache users
+(`backends/deepseek_v4.py` states the contract).
+
+Everything here that takes `common` runs in `prep_forward` (host work); `partial_attention` and
+`write_rows` only read device tensors and run in `forward`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import torch
+
+from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
+
+
+@attrs.frozen
+class StepLayout:
+    """The batch of one step as host tensors: request i owns token rows `[qsl[i], qsl[i+1])`
+    at positions `computed[i] + j`."""
+
+    request: torch.Tensor  # host [T] int64: the request of each token row
+    positions: torch.Tensor  # host [T] int64
+    computed: torch.Tensor  # host [B] int64: tokens cached before the step
+    seq_lens: torch.Tensor  # host [B] int64: computed + new
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.request.shape[0])
+
+
+def step_layout(common: CommonAttentionMetadata) -> StepLayout:
+    num_reqs = common.num_reqs
+    qsl = common.query_start_loc_cpu[: num_reqs + 1].long()
+    request = torch.repeat_interleave(torch.arange(num_reqs), qsl[1:] - qsl[:-1])
+    computed = common.num_computed_tokens_cpu[:num_reqs].long()
+    rows = torch.arange(request.shape[0])
+    positions = computed[request] + rows - qsl[request]
+    return StepLayout(request, positions, computed, common.seq_lens_cpu[:num_reqs].long())
+
+
+def closing_windows(layout: StepLayout, rate: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request [N], window index [N]) host int64 of every compression window that closes in
+    this step, by request then window: window w covers tokens `[w * rate, (w + 1) * rate)` and
+    closes when its last token is computed, so request i closes `[computed_i // rate,
+    seq_len_i // rate)`. Every cache user of one rate enumerates windows in this order."""
+    first, end = layout.computed // rate, layout.seq_lens // rate
+    counts = end - first
+    request = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    window = first[request] + torch.arange(request.shape[0]) - starts[request]
+    return request, window
+
+
+def table_lookup(
+    table: torch.Tensor, request: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block id, offset in block) host int64 of token `positions` of `request` rows (any equal
+    shapes) in a host block table `[B, max_blocks]`; negative positions read block column 0
+    (callers mask them)."""
+    safe = positions.clamp(min=0)
+    return table[request, safe // block_size].long(), safe % block_size
+
+
+def host_table(block_tables: dict[int, torch.Tensor], gid: int) -> torch.Tensor:
+    return block_tables[gid].cpu().long()
+
+
+def group_ids(backend: AttentionBackend) -> list[int]:
+    """The KV-cache groups of a backend's layers, in first-seen order."""
+    return list(dict.fromkeys(backend.group_of_layer.values()))
+
+
+def block_size_of(
+    backend: AttentionBackend, common: CommonAttentionMetadata, gid: int, tokens_per_row: int
+) -> int:
+    """Tokens per block of group `gid`: the runner's `block_sizes`, else read off a bound view
+    whose dim 1 holds `block_size // tokens_per_row` rows (latent and compressed views)."""
+    if gid in common.block_sizes:
+        return common.block_sizes[gid]
+    for name, group in backend.group_of_layer.items():
+        if group == gid:
+            return int(backend.kv_caches[name].shape[1]) * tokens_per_row
+    raise KeyError(f"{backend.name}: no layer of this backend is in KV-cache group {gid}")
+
+
+def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, Any]:
+    return {name: t.to(device) for name, t in tensors.items()}
+
+
+# ---- device math (forward) -------------------------------------------------------------------
+
+
+def write_rows(
+    cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor
+) -> None:
+    """`cache[blocks[i], offsets[i]] = rows[i]` for a `[num_blocks, rows_per_block, width]`
+    cache (device tensors; every index is valid)."""
+    cache[blocks, offsets] = rows.to(cache.dtype)
+
+
+def partial_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> None:
+    """Shared-KV attention of q `[T, H, D]` over its own keys `[T, S, D]` (the keys are the
+    values) where `visible [T, S]`, in float32: `out [T, H, D]` gets the softmax-weighted keys
+    and `lse [T, H]` the log-sum-exp of the visible scores (-inf and a zero output where a row
+    sees no key), so partials over disjoint key sets merge exactly (the model merges them)."""
+    keys = keys.float().masked_fill(~visible[:, :, None], 0.0)  # stale blocks may hold NaN bits
+    scores = torch.einsum("thd,tsd->ths", q.float(), keys) * scale
+    scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+    row_lse = torch.logsumexp(scores, dim=-1)  # [T, H]
+    probs = torch.exp(scores - row_lse[:, :, None]).masked_fill(~visible[:, None, :], 0.0)
+    out.copy_(torch.einsum("ths,tsd->thd", probs, keys).to(out.dtype))
+    lse.copy_(row_lse)
+
+
+def check_tensor(
+    layer: LayerConfig,
+    what: str,
+    tensor: torch.Tensor,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    """`ValueError` naming the layer, the tensor, and the expected and found shape/dtype/device
+    (`shape` entries of -1 match any size)."""
+    found = tuple(tensor.shape)
+    if len(found) != len(shape) or any(e not in (-1, f) for e, f in zip(shape, found, strict=True)):
+        raise ValueError(
+            f"layer {layer.name}: {what} has shape {found}, expected {shape} (-1: any); see "
+            "unified_attn.backends.deepseek_v4 for what each DeepSeek-V4 cache user takes"
+        )
+    if tensor.dtype != dtype or tensor.device != device:
+        raise ValueError(
+            f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected {dtype} "
+            f"on {device}"
+        )
