@@ -566,16 +566,32 @@ def load_deepseek(
     """The model (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
     # imported here: `presets` imports this module and the tokenizer imports `presets`
     from unified_attn.models.hf import read_state_dict
-    from unified_attn.models.tokenizer import load_tokenizer
 
     path = Path(path)
     config = deepseek_config_from_hf(read_hf_config(path), name=path.name)
     state = _model_names(read_state_dict(path), config)
-    expected = DeepseekForCausalLM(config, backend_cls, device="meta").state_dict()
-    _check_state(state, expected, str(path))
-    model = DeepseekForCausalLM(
-        config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
-    )
+    hint = "layers, q_lora_rank, experts, first_k_dense_replace"
+    return load_checked(DeepseekForCausalLM, config, state, path, hint, backend_cls,
+                        dtype=dtype, device=device, backend_options=backend_options)  # fmt: skip
+
+
+def load_checked(
+    model_cls: Any,
+    config: Any,
+    state: dict[str, torch.Tensor],
+    path: Path,
+    hint: str,
+    backend_cls: type[AttentionBackend],
+    **model_kwargs: Any,
+) -> tuple[Any, Any]:
+    """`model_cls(config, backend_cls, **model_kwargs)` with `state` loaded, after checking its
+    names and shapes on a meta-device model (`hint`: the config.json fields to check when they
+    do not match), and the checkpoint's tokenizer (None without one)."""
+    from unified_attn.models.tokenizer import load_tokenizer
+
+    expected = model_cls(config, backend_cls, device="meta").state_dict()
+    check_state(state, expected, str(path), hint)
+    model = model_cls(config, backend_cls, **model_kwargs)
     model.load_state_dict(state)
     return model, load_tokenizer(path)
 
@@ -593,15 +609,16 @@ def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[s
     return state
 
 
-def _check_state(
-    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str
+def check_state(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str, hint: str
 ) -> None:
+    """A `ValueError` naming the missing, unexpected or misshapen weights; `hint` names the
+    config.json fields that decide them."""
     missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
     if missing or unexpected:
         raise ValueError(
             f"weights of {source} do not match its config.json: missing {_few(missing)}, "
-            f"unexpected {_few(unexpected)}; check config.json (layers, q_lora_rank, experts, "
-            "first_k_dense_replace) against the checkpoint"
+            f"unexpected {_few(unexpected)}; check config.json ({hint}) against the checkpoint"
         )
     for name in sorted(expected):
         if state[name].shape != expected[name].shape:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend
+from unified_attn.models.deepseek import load_checked
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
 from unified_attn.models.hf_config import HFConfig, is_deepseek_v4, read_hf_config
@@ -201,26 +202,6 @@ def _dropped(key: str, config: DeepseekV4Config) -> bool:
     return mtp or tied or "rotary_emb." in key
 
 
-def check_state(
-    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str
-) -> None:
-    """A `ValueError` naming the missing, unexpected or misshapen weights."""
-    missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
-    if missing or unexpected:
-        raise ValueError(
-            f"weights of {source} do not match its config.json: missing {sorted(missing)[:6]}, "
-            f"unexpected {sorted(unexpected)[:6]} ({len(missing)} and {len(unexpected)} in all); "
-            "check config.json (num_hidden_layers, layer_types, mlp_layer_types, experts) "
-            "against the checkpoint"
-        )
-    for name in sorted(expected):
-        if state[name].shape != expected[name].shape:
-            raise ValueError(
-                f"weight {name} of {source} has shape {tuple(state[name].shape)}, the config "
-                f"implies {tuple(expected[name].shape)}; check config.json's sizes"
-            )
-
-
 def load_deepseek_v4(
     path: str | Path,
     backend_cls: type[AttentionBackend],
@@ -231,15 +212,10 @@ def load_deepseek_v4(
 ) -> tuple[DeepseekV4ForCausalLM, Any]:
     """The model (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
     from unified_attn.models.hf import read_state_dict
-    from unified_attn.models.tokenizer import load_tokenizer
 
     path = Path(path)
     config = deepseek_v4_config_from_hf(read_hf_config(path), name=path.name)
     state = checkpoint_names(read_state_dict(path), config)
-    expected = DeepseekV4ForCausalLM(config, backend_cls, device="meta").state_dict()
-    check_state(state, expected, str(path))
-    model = DeepseekV4ForCausalLM(
-        config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
-    )
-    model.load_state_dict(state)
-    return model, load_tokenizer(path)
+    hint = "num_hidden_layers, layer_types, mlp_layer_types, experts"
+    return load_checked(DeepseekV4ForCausalLM, config, state, path, hint, backend_cls,
+                        dtype=dtype, device=device, backend_options=backend_options)  # fmt: skip
