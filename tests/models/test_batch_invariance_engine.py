@@ -3,10 +3,10 @@ attention backend), one request's prompt logits and 8 generated-token logits are
 same alone, inside a batch of 8 mixed requests, under two chunked-prefill budgets, and when its
 prefix comes from the prefix cache.
 
-Known gaps of the reference backend (owned elsewhere), pinned as strict xfails so they flip
-when fixed: its learned sinks join the softmax as the last key column, whose place moves with
-the number of keys of a chunk (gpt-oss-like under chunking or a prefix hit), and prompt chunks
-of 1-3 tokens take MKL's GEMV/small-GEMM paths in its einsums (budgets here give chunks of 4+).
+A known gap of the reference backend, pinned as a strict xfail so it flips when fixed: prompt
+chunks of 1-3 tokens take MKL's GEMV/small-GEMM paths in its einsums (budgets here give chunks
+of 4+). (Its learned sinks join the softmax as the first column, whose place does not move with
+a chunk's number of keys: gpt-oss-like is invariant under chunking and prefix hits.)
 """
 
 from __future__ import annotations
@@ -22,11 +22,6 @@ from unified_attn.models import PRESETS
 
 TARGET = [(99 * 31 + j * 7) % 250 + 1 for j in range(45)]
 WANT_LOGITS = SamplingParams(max_tokens=8, ignore_eos=True, prompt_logits=True, return_logits=True)
-SINKS_IN_REFERENCE = pytest.mark.xfail(
-    strict=True,
-    reason="reference backend: the learned-sink column's place in the softmax follows the "
-    "chunk's key count (fix: attend each query over its own key range, sink first)",
-)
 
 
 @attrs.frozen
@@ -86,8 +81,7 @@ def test_logits_alone_equal_logits_in_a_batch_of_8(preset):
 @pytest.mark.parametrize(
     "preset",
     [
-        pytest.param(p, marks=SINKS_IN_REFERENCE) if p == "gpt-oss-like" else p
-        for p in sorted(PRESETS)
+        p for p in sorted(PRESETS)
     ],
 )
 def test_prompt_chunking_and_prefix_hits_keep_the_logits(preset):

@@ -389,8 +389,9 @@ def attend_batch(
     visible = mask.any(dim=1)  # [B, S]
     vf = vf.masked_fill(~visible[:, :, None, None], 0.0)
     if sinks is not None:  # a learned per-head logit that takes probability mass, no value
+        # first, so its place in the softmax is the same however many keys the step reads
         sink_col = sinks.float()[None, :, None, None].expand(*scores.shape[:3], 1)
-        probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]
+        probs = torch.softmax(torch.cat([sink_col, scores], dim=-1), dim=-1)[..., 1:]
     else:
         probs = torch.softmax(scores, dim=-1)
     return torch.einsum("bhls,bshd->blhd", probs, vf).to(q.dtype)
