@@ -14,7 +14,7 @@ from tests.models.prefill import greedy_decode, prefill_logits
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.backends.mla import MLAReferenceBackend
 from unified_attn.models import MLA_PRESETS, DeepseekForCausalLM
-from unified_attn.models.deepseek import deepseek_config_from_hf, load_deepseek
+from unified_attn.models.deepseek_hf import deepseek_config_from_hf, load_deepseek
 from unified_attn.models.hf_config import config_from_hf, read_hf_config
 
 MLA = dict(

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models.deepseek import load_checked
+from unified_attn.models.deepseek_hf import load_checked
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
 from unified_attn.models.hf_config import HFConfig, is_deepseek_v4, read_hf_config

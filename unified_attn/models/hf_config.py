@@ -81,7 +81,7 @@ ENCODER_ARCHITECTURES = {
 ENCODER_MODEL_TYPES = {"bert": "bert", "bart": "bart"}
 
 
-# DeepSeek's multi-head latent attention decoders (`deepseek.py`, `load_deepseek`): -> version.
+# DeepSeek's latent-attention decoders (`deepseek.py`, `deepseek_hf.py`): -> version.
 MLA_ARCHITECTURES = {"DeepseekV2ForCausalLM": "v2", "DeepseekV3ForCausalLM": "v3"}
 MLA_MODEL_TYPES = {"deepseek_v2": "v2", "deepseek_v3": "v3"}
 
@@ -176,7 +176,7 @@ def architecture_of(hf: HFConfig) -> str:
         raise ValueError(
             f"{(hf.get('architectures') or [hf.get('model_type')])[0]} is a DeepSeek "
             "latent-attention model, not a Llama-family decoder: load it with "
-            "unified_attn.models.deepseek.load_deepseek (LLMEngine and `unified-attn run "
+            "unified_attn.models.deepseek_hf.load_deepseek (LLMEngine and `unified-attn run "
             "--model DIR` do so)"
         )
     if is_deepseek_v4(hf):
