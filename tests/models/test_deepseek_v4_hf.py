@@ -17,6 +17,14 @@ import torch
 
 from tests.models.hf_models import hf_logits, make_hf_model, save_hf_model
 from tests.models.prefill import greedy_decode, prefill_logits
+from tests.models.test_deepseek_hf import (  # the same checks as DeepSeek-V2/V3's
+    NUM_TOKENS,
+    PARAMS,
+    PROMPT_PARAMS,
+    check_engine,
+    check_tokens,
+    prompts,
+)
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
 from unified_attn.models import V4_PRESETS, DeepseekV4ForCausalLM
@@ -47,7 +55,6 @@ V4 = dict(
     rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
 )
 SCALES = {"sinks": 10.0, "position_bias": 10.0, "mlp.gate.weight": 10.0}
-NUM_TOKENS = 32
 MEMORY = "2MiB"
 
 
@@ -76,19 +83,6 @@ def checkpoint(tmp_path_factory):
     return hf, save_hf_model(hf, tmp_path_factory.mktemp("v4"))
 
 
-def prompts(lengths, seed=0, shared=0):
-    gen = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(0, 128, (shared,), generator=gen).tolist()
-    return [prefix + torch.randint(0, 128, (n,), generator=gen).tolist() for n in lengths]
-
-
-def check_tokens(hf, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """Our greedy tokens are transformers' argmax at every step; returns its logits."""
-    full = hf_logits(hf, prompt + tokens)
-    assert tokens == full[len(prompt) - 1 : -1].argmax(-1).tolist()
-    return full
-
-
 def test_prompt_logits_and_greedy_tokens_match_transformers(checkpoint):
     hf, path = checkpoint
     ours, tokenizer = load_deepseek_v4(path, DeepseekV4WindowBackend)
@@ -99,21 +93,6 @@ def test_prompt_logits_and_greedy_tokens_match_transformers(checkpoint):
     outputs = greedy_decode(ours, batch, NUM_TOKENS, block_size=8)
     for prompt, tokens in zip(batch, outputs, strict=True):
         check_tokens(hf, prompt, tokens)
-
-
-def check_engine(hf, outputs, batch, prompt_logits=True):
-    for prompt, out in zip(batch, outputs, strict=True):
-        full = check_tokens(hf, prompt, out.output_token_ids)
-        sampled = full[len(prompt) - 1 : len(prompt) - 1 + NUM_TOKENS]
-        assert (out.logits - sampled).abs().max() < 1e-4
-        if prompt_logits:
-            assert (out.prompt_logits - full[: len(prompt)]).abs().max() < 1e-4
-
-
-PARAMS = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, return_logits=True)
-PROMPT_PARAMS = SamplingParams(
-    max_tokens=NUM_TOKENS, ignore_eos=True, prompt_logits=True, return_logits=True
-)
 
 
 def test_engine_chunked_prefill_and_preemption_match_transformers(checkpoint):
