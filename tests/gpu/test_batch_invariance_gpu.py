@@ -1,5 +1,6 @@
 """Batch-invariant mode on CUDA, bf16 (run through the device tool): the Triton ops, then every
-preset and two bench-size models (a 1.2B Llama and a ~1.1B GPT-OSS-shaped MoE) end to end. One
+preset, two bench-size models (a 1.2B Llama and a ~1.1B GPT-OSS-shaped MoE) and a tiny random
+checkpoint of every Hugging Face family (tests/models/hf_models.FAMILIES) end to end. One
 request's prompt logits and 8 generated-token logits must be bitwise the same alone, inside
 batches of 8, 64 and 256 mixed requests, under two chunked-prefill budgets, and after a
 prefix-cache hit. The engine picks its backends as a user's would (Triton attention, CUDA
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import gc
+import tempfile
+from pathlib import Path
 
 import attrs
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.models.hf_models import FAMILIES, make_family_model, save_hf_model
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import PRESETS, LayerKind, MoEConfig, get_preset
 from unified_attn.models.invariant import triton_ops
@@ -33,12 +37,6 @@ BENCH_MOE = attrs.evolve(
     layer_kinds=(LayerKind.sliding(128, has_sinks=True), LayerKind.full(has_sinks=True)) * 8,
 )  # fmt: skip
 BENCH = {c.name: c for c in (BENCH_LLAMA, BENCH_MOE)}
-SINK_TOKEN_TILES = pytest.mark.xfail(
-    strict=True,
-    reason="Triton attention: StreamingLLM sink keys below a query block's window start join "
-    "the sink pass or the first main tile depending on the block's first position, so a "
-    "different prompt chunking groups them into other tile iterations",
-)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +69,7 @@ def test_triton_matmul_rows_do_not_depend_on_the_batch(n, k, dtype):
     bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
     x = torch.randn(4096, k, device="cuda", generator=gen).to(dtype)
     alone = triton_ops.matmul(x[:1], weight.t(), bias)[0]
-    for m in [*range(1, 301), 512, 1000, 4096]:
+    for m in [*range(1, 301), 512, 1000, 1023, 1024, 4096]:
         assert torch.equal(triton_ops.matmul(x[:m], weight.t(), bias)[0], alone), m
         if m > 1:
             moved = torch.cat([x[1:m], x[:1]])  # the row last, behind m - 1 others
@@ -117,12 +115,27 @@ class Case:
     memory: str
 
 
-TINY = Case(prompt_len=45, budgets=(16, 37), vocab=250, memory="512MiB")
+# 150 + 8 tokens: longer than every preset's window (64, 128) and chunk (64)
+TINY = Case(prompt_len=150, budgets=(16, 40), vocab=250, memory="512MiB")
 LARGE = Case(prompt_len=300, budgets=(128, 200), vocab=31000, memory="8GiB")
+HF = Case(prompt_len=45, budgets=(16, 37), vocab=124, memory="512MiB")  # vocabulary 128
+HF_PREFIX = "hf-"
+CHECKPOINTS = tempfile.TemporaryDirectory(prefix="bi-gpu-hf-")
 
 
 def case_of(preset: str) -> Case:
+    if preset.startswith(HF_PREFIX):
+        return HF
     return LARGE if preset in BENCH else TINY
+
+
+@functools.cache
+def model_of(preset: str) -> str:
+    """A preset's name, or the path of an HF family's tiny random checkpoint (saved once)."""
+    if not preset.startswith(HF_PREFIX):
+        return preset
+    family = preset.removeprefix(HF_PREFIX)
+    return str(save_hf_model(make_family_model(family), Path(CHECKPOINTS.name) / family))
 
 
 def target(case: Case) -> list[int]:
@@ -133,7 +146,7 @@ def make_engine(preset: str, budget: int = 2048, max_num_seqs: int = 16) -> LLME
     """Engines of different `max_num_seqs` capture different decode graph sizes: the target's
     decode rows are padded to other batch sizes from one engine to the next."""
     return LLMEngine(
-        preset, device="cuda", batch_invariant=True, max_num_batched_tokens=budget,
+        model_of(preset), device="cuda", batch_invariant=True, max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs, block_size=16, kv_cache_memory=case_of(preset).memory,
     )  # fmt: skip
 
@@ -151,8 +164,10 @@ def companions(case: Case, count: int, seed: int):
 def target_logits(engine: LLMEngine, preset: str, others: int = 0, seed: int = 0, **params):
     case = case_of(preset)
     prompts, companion_params = companions(case, others, seed)
-    wanted = SamplingParams(max_tokens=8, ignore_eos=True, prompt_logits=True,
-                            return_logits=True, **params)  # fmt: skip
+    wanted = SamplingParams(
+        **{"max_tokens": 8, "ignore_eos": True, "prompt_logits": True, "return_logits": True,
+           **params}
+    )  # fmt: skip
     out = engine.generate([target(case), *prompts], [wanted, *companion_params])[0]
     return out.prompt_logits, out.logits
 
@@ -169,7 +184,7 @@ def assert_same(got, want) -> None:
     assert torch.equal(got_generated, want_generated), "generated-token logits differ"
 
 
-ALL = [*sorted(PRESETS), *BENCH]
+ALL = [*sorted(PRESETS), *BENCH, *(HF_PREFIX + family for family in sorted(FAMILIES))]
 
 
 @pytest.mark.parametrize("preset", ALL)
@@ -180,10 +195,7 @@ def test_logits_alone_equal_logits_in_batches_of_8_64_and_256(preset):
     assert engine.runner.graphs is None or engine.runner.graphs.num_replays > 0
 
 
-@pytest.mark.parametrize(
-    "preset",
-    [pytest.param(p, marks=SINK_TOKEN_TILES) if p == "streaming-llm" else p for p in ALL],
-)
+@pytest.mark.parametrize("preset", ALL)
 def test_prompt_chunking_and_prefix_hits_keep_the_logits(preset):
     want = alone(preset)
     first, second = case_of(preset).budgets

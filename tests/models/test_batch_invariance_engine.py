@@ -20,13 +20,14 @@ import torch
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import PRESETS
 
-TARGET = [(99 * 31 + j * 7) % 250 + 1 for j in range(45)]
+# 150 tokens + 8 generated: longer than every preset's window (64, 128) and chunk (64)
+TARGET = [(99 * 31 + j * 7) % 250 + 1 for j in range(150)]
 WANT_LOGITS = SamplingParams(max_tokens=8, ignore_eos=True, prompt_logits=True, return_logits=True)
 
 
 @attrs.frozen
 class Logits:
-    prompt: torch.Tensor | None  # [45, vocab]
+    prompt: torch.Tensor | None  # [150, vocab]
     generated: torch.Tensor  # [8, vocab]
 
 
@@ -86,13 +87,13 @@ def test_logits_alone_equal_logits_in_a_batch_of_8(preset):
 )
 def test_prompt_chunking_and_prefix_hits_keep_the_logits(preset):
     want = alone(preset)
-    engine = make_engine(preset, 16)  # the prompt in chunks of 16, 16, 13
+    engine = make_engine(preset, 16)  # the prompt in chunks of 16 (9 of them), then 6
     assert_same(target_logits(engine), want)
     hits = engine.kv_cache_manager.prefix_cache_stats.hits
     hit = target_logits(engine, prompt_logits=False)  # reads the blocks the first run cached
     assert engine.kv_cache_manager.prefix_cache_stats.hits - hits >= 32
     assert_same(hit, want)
-    mixed = make_engine(preset, 37)  # 37 then 8, beside 3 companions prefilling in chunks
+    mixed = make_engine(preset, 40)  # 40, 40, 40, 30 beside 3 companions, then decode
     assert_same(target_logits(mixed, others=3, seed=1), want)
 
 
@@ -102,7 +103,7 @@ def test_prompt_chunking_and_prefix_hits_keep_the_logits(preset):
     "(fix: fixed shapes per query row in batch-invariant mode)",
 )
 def test_a_one_token_prompt_chunk_keeps_the_logits():
-    engine = make_engine("tiny-llama", 22)  # 22, 22, then 1 token
+    engine = make_engine("tiny-llama", 149)  # 149, then 1 token
     assert_same(target_logits(engine), alone("tiny-llama"))
 
 

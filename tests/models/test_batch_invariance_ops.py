@@ -18,6 +18,7 @@ from unified_attn.models.invariant import (
     layer_norm,
     log_softmax,
     rms_norm,
+    sigmoid,
     softmax,
     triton_ops,
 )
@@ -108,11 +109,16 @@ def test_triton_matmul_rows_do_not_depend_on_the_batch(dtype):
     torch.testing.assert_close(fn(x).double(), expected, rtol=tol, atol=tol * k**0.5)
 
 
-def test_matmul_config_is_chosen_without_the_row_count():
-    """The tiles are a function of (N, K, dtype): the signature has no M."""
-    cfg = triton_ops.matmul_config(2048, 2048, torch.bfloat16)
-    assert cfg == triton_ops.matmul_config(2048, 2048, torch.bfloat16)
-    assert (cfg.block_m, cfg.block_k) == (64, 64)
+def test_matmul_reduction_is_chosen_without_the_row_count():
+    """Only the output tile follows M; the K step (and so each element's reduction) does not.
+    tests/gpu checks on Hopper that both tiles give the same bits."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for n, k in [(2048, 2048), (32000, 2048), (512, 8192), (40, 70)]:
+            configs = {triton_ops.matmul_config(n, k, dtype, m) for m in (1, 64, 1023, 1024, 8192)}
+            assert len({c.block_k for c in configs}) == 1
+            assert len(configs) <= 2
+    assert triton_ops.matmul_config(2048, 2048, torch.bfloat16).block_m == 64
+    assert triton_ops.matmul_config(2048, 2048, torch.bfloat16, 8192).block_m == 128
 
 
 def test_triton_matmul_refuses_mismatched_shapes():
@@ -180,6 +186,20 @@ def test_cpu_elementwise_tail_rounds_differently_the_limit_of_the_cpu_path():
     assert rows_at_every_position(F.silu, x, x[1:], range(2, 301)) != []
     wide = torch.randn(300, 32, generator=gen(3)) * 3
     assert rows_at_every_position(F.silu, wide, wide[1:], range(2, 301)) == []
+
+
+def test_cpu_sigmoid_of_a_narrow_gate_does_not_depend_on_the_batch():
+    # Qwen2-MoE's shared-expert gate is `[T, 1]`: with torch alone, a row near the end of the
+    # batch falls into the scalar tail, and its bits depend on the batch size
+    x = torch.randn(300, 1, generator=gen(4)) * 3
+    each = torch.cat([sigmoid(x[i : i + 1]) for i in range(300)])
+
+    def batches_that_differ(fn) -> list[int]:
+        return [m for m in ALL_M if not torch.equal(fn(x[:m]), each[:m])]
+
+    assert batches_that_differ(torch.sigmoid) != []
+    assert batches_that_differ(sigmoid) == []
+    torch.testing.assert_close(each, torch.sigmoid(x), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

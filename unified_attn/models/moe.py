@@ -153,8 +153,13 @@ class SparseMoEMLP(nn.Module):
             weight = _expert_weight(routing_weights, expert_ids, index)
             out += (expert(x) * weight).to(x.dtype)
         if self.shared_expert is not None and self.shared_expert_gate is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + self._gate(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    @staticmethod
+    def _gate(logit: torch.Tensor) -> torch.Tensor:
+        """The shared expert's gate, `sigmoid` of its `[T, 1]` logit."""
+        return torch.sigmoid(logit)
 
 
 def make_moe(config: ModelConfig) -> nn.Module:

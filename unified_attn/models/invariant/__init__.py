@@ -14,6 +14,7 @@ from unified_attn.models.invariant.ops import (
     layer_norm,
     log_softmax,
     rms_norm,
+    sigmoid,
     softmax,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "make_batch_invariant",
     "require_batch_invariant",
     "rms_norm",
+    "sigmoid",
     "softmax",
 ]

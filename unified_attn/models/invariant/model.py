@@ -18,6 +18,7 @@ from unified_attn.models.invariant.ops import (
     invariant_matmul,
     l2_normalize,
     rms_norm,
+    sigmoid,
     softmax,
 )
 from unified_attn.models.layers import Attention, DecoderLayer, RMSNorm
@@ -60,6 +61,12 @@ class InvariantExperts(Experts):
         return invariant_matmul(x, w, bias)
 
 
+class InvariantSparseMoEMLP(SparseMoEMLP):
+    @staticmethod
+    def _gate(logit: torch.Tensor) -> torch.Tensor:
+        return sigmoid(logit)
+
+
 class InvariantLinearAttention(LinearAttention):
     @staticmethod
     def _normalize(x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +80,7 @@ SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     TopKRouter: InvariantTopKRouter,
     Experts: InvariantExperts,
     LinearAttention: InvariantLinearAttention,
+    SparseMoEMLP: InvariantSparseMoEMLP,
 }
 
 # Modules whose own forward only gathers, adds, multiplies element-wise or calls its children
@@ -80,7 +88,6 @@ SWAPS: dict[type[nn.Module], type[nn.Module]] = {
 # The decoder's root and backbone join them in `_container_types` (decoder.py imports this).
 CONTAINER_TYPES: tuple[type[nn.Module], ...] = (
     nn.ModuleList, nn.Embedding, RotaryEmbedding, DecoderLayer, Attention, MLP, MoEMLP,
-    SparseMoEMLP,
 )  # fmt: skip
 INVARIANT_TYPES = frozenset(SWAPS.values())
 

@@ -58,6 +58,17 @@ def invariant_linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """`torch.sigmoid`, element by element the same whatever the tensor's length. On the CPU
+    rows narrower than 32 floats (a `[T, 1]` gate) are widened to 32 first: otherwise the
+    last elements of a length-dependent tail take torch's scalar code, an ulp away."""
+    width = x.shape[-1]
+    if _on_gpu(x) or width % 32 == 0:
+        return torch.sigmoid(x)
+    wide = torch.nn.functional.pad(x, (0, 32 - width % 32))
+    return torch.sigmoid(wide)[..., :width]
+
+
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """CPU: `sum(a * b)` of each row of `[R, N]` float tensors -> `[R]`, one fixed-shape
     product per row."""

@@ -1,6 +1,6 @@
 """Launchers of the batch-invariant Triton kernels (`kernels.py`): check inputs, pick the
-tile configuration from the reduced length and output width only (never from the number of
-rows), and launch.
+tile configuration (its reduction from the reduced length and dtype only, never from the
+number of rows), and launch.
 
 The GPU path of `ops.py`; the CPU interpreter (`TRITON_INTERPRET=1`) runs them in tests.
 """
@@ -19,8 +19,9 @@ ROW_BLOCK_MAX = 4096  # longest chunk a row kernel holds at once; longer rows lo
 
 @attrs.frozen
 class MatmulConfig:
-    """The tile of one matmul shape. A function of (N, K, dtype) only: every batch size runs
-    the same tiles, so an element's K reduction is the same instruction sequence."""
+    """The tile of one matmul launch. Its reduction (`block_k`, the dot's precision) is a
+    function of (K, dtype) only: every batch size walks an element's K in the same steps of the
+    same MMA instruction, so the element has the same bits whatever tile holds it."""
 
     block_m: int
     block_n: int
@@ -30,13 +31,21 @@ class MatmulConfig:
     num_stages: int
 
 
-def matmul_config(n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
-    """16-bit inputs: 64-row tiles (the smallest Hopper warpgroup MMA); 128 columns for wide
-    outputs, 64 or 32 for narrower ones, so a decode batch (one row tile) still spreads over
-    enough programs without splitting K. float32 uses exact (`ieee`) FMA dots on 32 x 32 x 32
-    tiles. Not yet tuned on a GPU: `benchmarks/batch_invariance.py` times every shape."""
+LARGE_ROWS = 1024  # from here on 16-bit matmuls take the prefill tiles
+
+
+def matmul_config(n: int, k: int, dtype: torch.dtype, m: int = 1) -> MatmulConfig:
+    """float32: exact (`ieee`) FMA dots on 32 x 32 x 32 tiles for every shape. 16-bit inputs
+    always reduce K in steps of 64 on Hopper's warpgroup MMA; only the output tile follows the
+    row count `m`: decode-sized batches take 64-row tiles (64 to 128 columns, so one row tile
+    still spreads over enough programs without splitting K), prefill-sized ones 128 x 128
+    (128 x 256 for vocabulary-wide outputs) with 8 warps. Measured on an H100
+    (`benchmarks/tune_invariant_matmul.py`): every candidate tile gives the same bits as
+    every other, and these were the fastest at 64 and 8192 rows."""
     if dtype == torch.float32:
         return MatmulConfig(32, 32, 32, 8, 4, 2)
+    if m >= LARGE_ROWS:
+        return MatmulConfig(128, 256 if n >= 16384 else 128, 64, 8, 8, 3)
     block_n = 128 if n >= 8192 else 64 if n >= 2048 else 32
     return MatmulConfig(64, block_n, 64, 8, 4, 4)
 
@@ -59,22 +68,28 @@ def _check_matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
         )
 
 
-def matmul(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`x [M, K] @ w [K, N] (+ bias [N])` in x's dtype, float32 accumulation; any strides."""
+def matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: MatmulConfig | None = None,
+) -> torch.Tensor:
+    """`x [M, K] @ w [K, N] (+ bias [N])` in x's dtype, float32 accumulation; any strides.
+    `config` overrides `matmul_config` (benchmarks/tune_invariant_matmul.py)."""
     _check_matmul(x, w, bias)
     m, k = x.shape
     n = w.shape[1]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    cfg = matmul_config(n, k, x.dtype)
+    cfg = config or matmul_config(n, k, x.dtype, m)
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     kernels.matmul_kernel[grid](
         x, w, out, bias if bias is not None else out, m, n, k,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0), out.stride(1),
         HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EVEN_K=k % cfg.block_k == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return out

@@ -132,11 +132,14 @@ def unified_attention_kernel(
         key_lo = first_pos // CHUNK * CHUNK
         if not CAUSAL:
             key_hi = tl.minimum((last_pos // CHUNK + 1) * CHUNK, seq_len)
-    # StreamingLLM sink tokens below the window: a second key range [sink_lo, sink_hi).
+    # StreamingLLM sink tokens: a first key range [sink_lo, sink_hi), always all of them (the
+    # main range starts above), so every row adds its sink keys in the same tile whatever
+    # position the program's first query has (batch invariance under any prompt chunking).
     sink_lo = 0
     sink_hi = 0
     if SINK_TOKENS > 0:
-        sink_hi = tl.minimum(tl.minimum(SINK_TOKENS, key_lo), key_hi)
+        sink_hi = tl.minimum(SINK_TOKENS, key_hi)
+        key_lo = tl.maximum(key_lo, sink_hi)
     if NUM_SEGMENTS > 1:
         seg_lo = segment * segment_len
         seg_hi = key_hi
