@@ -5,6 +5,7 @@ import torch
 
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.harness.conformance import GRID, run_conformance
+from unified_attn.harness.conformance.invariance import INVARIANCE_GRID
 from unified_attn.managers import SlidingWindowManager
 
 WRONG = "tests.harness.wrong_backends:"
@@ -93,3 +94,45 @@ def test_contract_violations_fail(backend, check):
     report = run_conformance(backend, cells=(CELLS["decode"],))
     assert not report["ok"]
     assert check in report["cells"][0]["detail"]
+
+
+# ---- batch invariance ---------------------------------------------------------------------------
+
+
+def test_reference_backend_passes_every_invariance_cell():
+    report = run_conformance("reference", cells=INVARIANCE_GRID)
+    assert report["passed"] == len(INVARIANCE_GRID), [
+        (r["cell"], r["detail"]) for r in report["cells"]
+    ]
+    assert all(r["max_err"] == 0.0 for r in report["cells"])
+
+
+def test_a_backend_that_does_not_claim_invariance_is_unsupported():
+    report = run_conformance("legacy-reference", cells=INVARIANCE_GRID[:1])
+    assert report["cells"][0]["status"] == "unsupported"
+    assert "batch-invariant" in report["cells"][0]["detail"]
+
+
+class BatchedDecodeClaimsInvariance(ReferenceAttentionBackend):
+    """Claims the mode but attends decodes together whatever it is told (as the legacy port)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**{**kwargs, "batch_invariant": False})
+
+
+def test_a_false_claim_fails_with_the_schedules_and_positions_that_differ():
+    report = run_conformance(BatchedDecodeClaimsInvariance, cells=INVARIANCE_GRID[:2])
+    for row in report["cells"]:
+        assert row["status"] == "fail"
+        assert "decode among 7: positions [45]" in row["detail"]
+        assert row["max_err"] > 0
+
+
+def test_triton_invariance_cells_need_a_gpu_in_the_interpreter():
+    cells = INVARIANCE_GRID if TRITON_DEVICE == "cuda" else INVARIANCE_GRID[:1]
+    report = run_conformance("triton", TRITON_DEVICE, cells=cells)
+    if TRITON_DEVICE == "cuda":
+        assert report["passed"] == len(cells), [(r["cell"], r["detail"]) for r in report["cells"]]
+    else:
+        assert report["cells"][0]["status"] == "unsupported"
+        assert "numpy" in report["cells"][0]["detail"]

@@ -136,9 +136,12 @@ def test_the_check_command_shows_every_type(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["check", "tests.harness.wrong_backends:CausalEncoderBackend"]) == 1
     out = capsys.readouterr().out
-    for title in ("decoder self-attention", "encoder-only self-attention", "cross-attention"):
+    for title in (
+        "decoder self-attention", "encoder-only self-attention", "cross-attention",
+        "batch invariance",
+    ):  # fmt: skip
         assert title in out
     assert all(cell.name in out for cell in NEW) and "FAIL" in out
     assert main(["check", "reference", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["cells"]
-    assert {r["type"] for r in rows} == {t.value for t in AttentionType}
+    assert {r["type"] for r in rows} == {t.value for t in AttentionType} | {"batch_invariance"}

@@ -152,8 +152,15 @@ def test_capabilities_become_reasons():
     fp8 = SelectorConfig(head_size=32, dtype=torch.float32, kv_cache_dtype="float8_e4m3fn")
     assert any("KV-cache dtype" in r for r in LegacyReferenceAdapter.validate_configuration(fp8))
     assert LegacyBackendAdapter.validate_configuration(cfg)  # nothing bound
-    assert LegacyReferenceAdapter.supports_batch_invariance()
     assert not triton.supports_batch_invariance()
+    assert not LegacyReferenceAdapter.supports_batch_invariance()  # its decodes are batched
+
+    class ClaimsInvariance(LegacyReferenceBackend):
+        @classmethod
+        def supports_batch_invariance(cls) -> bool:
+            return True
+
+    assert LegacyBackendAdapter.wrap(ClaimsInvariance).supports_batch_invariance()
 
 
 def test_construction_by_argument_by_wrap_and_by_name():

@@ -75,6 +75,11 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         device = torch.device(cfg.device).type
         if device != "cuda" and not (device == "cpu" and interpreter_on()):
             reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
+        if device == "cpu" and cfg.use_batch_invariant:
+            reasons.append(
+                "batch-invariant mode needs a CUDA device: the CPU interpreter computes tl.dot "
+                "with numpy, whose float32 matmul rounds a row by its place in the tile"
+            )
         if cfg.dtype not in SUPPORTED_DTYPES:
             reasons.append(f"dtype {cfg.dtype} is not one of {SUPPORTED_DTYPES}")
         reasons.extend(kv_cache_dtype_reasons(cls.name, cfg))

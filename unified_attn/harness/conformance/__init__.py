@@ -25,6 +25,12 @@ kind, the output is written in place and returned, bad shapes and dtypes raise V
 CUDA `forward` neither syncs with the host nor allocates (on CPU these two are "not
 measurable").
 
+Batch-invariance cells (`INVARIANCE_GRID`, module `invariance`) build the backend with
+`batch_invariant=True` and run one target request alone, in chunks, and among companions at
+other places in the batch, each on a fresh cache with its own block table: its output rows must
+be bitwise the same. A backend that does not claim `supports_batch_invariance()` (or cannot on
+the cell's device) is "unsupported" there.
+
 Backends of recurrent-state layers (`layer_kinds` with "linear_state") run the state cells of
 `state` instead: several steps through `StateManager` state blocks, against the gated linear
 recurrence computed token by token in float64.
@@ -32,7 +38,7 @@ recurrence computed token by token in float64.
 Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross` (a cross cell's
 steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
 (the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
-cells), `fp8` (the fp8 cells' oracle and checks), `run` (`run_cell`, `run_conformance`),
+cells), `fp8` (the fp8 cells' oracle and checks), `invariance` (the batch-invariance cells), `run` (`run_cell`, `run_conformance`),
 `report` (`print_report`), `prepare` (`prepare_cli`) and `command` (`unified-attn check`).
 """
 

@@ -17,6 +17,7 @@ SECTIONS = {
     "encoder": "encoder self-attention (bidirectional, no KV cache)",
     "encoder_decoder": "cross-attention (encoder keys and values in the KV cache)",
     "linear_state": "recurrent state",
+    "batch_invariance": "batch invariance (bitwise: alone, chunked, in batches)",
 }
 COLOUR = {"pass": "green", "fail": "red", "unsupported": "yellow"}
 

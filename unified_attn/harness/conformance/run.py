@@ -1,6 +1,6 @@
 """Running the suite: `run_cell` (one attention cell of any type: pass / fail / unsupported,
-within `TOL` of its oracle, with the contract checks) and `run_conformance` (every cell, as a
-JSON-able report)."""
+within `TOL` of its oracle, with the contract checks), the batch-invariance cells
+(`invariance.py`) and `run_conformance` (every cell, as a JSON-able report)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ from unified_attn.harness.conformance.cells import (
 )
 from unified_attn.harness.conformance.checks import check_cache_config
 from unified_attn.harness.conformance.fp8 import compare_fp8
+from unified_attn.harness.conformance.invariance import (
+    CUDA_INVARIANCE_CELLS,
+    INVARIANCE_GRID,
+    InvarianceCell,
+    run_invariance_cell,
+)
 from unified_attn.harness.conformance.oracle import compare_with_oracle
 from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
 from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
@@ -86,37 +92,44 @@ def backend_class(
     return backend
 
 
-def default_cells(
-    backend_cls: type[AttentionBackend], device: str
-) -> tuple[AttentionCell | StateCell, ...]:
-    """The grid of every layer kind the backend computes: attention cells of all four types
-    and over an fp8 cache (those the backend does not declare come out unsupported),
-    half-precision cells on CUDA."""
-    cells: tuple[AttentionCell | StateCell, ...] = ()
+AnyCell = AttentionCell | StateCell | InvarianceCell
+
+
+def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[AnyCell, ...]:
+    """The grid of every layer kind the backend computes: attention cells of all four types,
+    over an fp8 cache and batch invariance (those the backend does not declare come out
+    unsupported), half-precision cells on CUDA."""
+    cells: tuple[AnyCell, ...] = ()
     if "attention" in backend_cls.layer_kinds:
-        cells += GRID + ENCODER_GRID + CROSS_GRID + FP8_GRID
-        cells += CUDA_CELLS if torch.device(device).type == "cuda" else ()
+        cells += GRID + ENCODER_GRID + CROSS_GRID + FP8_GRID + INVARIANCE_GRID
+        if torch.device(device).type == "cuda":
+            cells += CUDA_CELLS + CUDA_INVARIANCE_CELLS
     if "linear_state" in backend_cls.layer_kinds:
         cells += STATE_GRID
     return cells or GRID  # a kind the suite does not know: the attention cells say so
 
 
+def run_any_cell(
+    backend_cls: type[AttentionBackend], cell: AnyCell, device: str, seed: int
+) -> dict[str, Any]:
+    if isinstance(cell, StateCell):
+        return run_state_cell(backend_cls, cell, device, seed)
+    if isinstance(cell, InvarianceCell):
+        return run_invariance_cell(backend_cls, cell, device, seed)
+    return run_cell(backend_cls, cell, device, seed)
+
+
 def run_conformance(
     backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
     device: str = "cpu",
-    cells: tuple[AttentionCell | StateCell, ...] | None = None,
+    cells: tuple[AnyCell, ...] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Every cell of the backend's layer kinds (`default_cells`) or of `cells`; `report["ok"]`."""
     backend_cls = backend_class(backend)
     if cells is None:
         cells = default_cells(backend_cls, device)
-    rows = [
-        run_state_cell(backend_cls, cell, device, seed)
-        if isinstance(cell, StateCell)
-        else run_cell(backend_cls, cell, device, seed)
-        for cell in cells
-    ]
+    rows = [run_any_cell(backend_cls, cell, device, seed) for cell in cells]
     return {
         "backend": backend_cls.name,
         "class": f"{backend_cls.__module__}.{backend_cls.__qualname__}",
