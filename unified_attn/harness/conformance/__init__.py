@@ -38,8 +38,9 @@ recurrence computed token by token in float64.
 Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross` (a cross cell's
 steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
 (the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
-cells), `fp8` (the fp8 cells' oracle and checks), `invariance` (the batch-invariance cells), `run` (`run_cell`, `run_conformance`),
-`report` (`print_report`), `prepare` (`prepare_cli`) and `command` (`unified-attn check`).
+cells), `fp8` (the fp8 cells' oracle and checks), `invariance` (the batch-invariance cells),
+`run` (`run_cell`, `run_conformance`), `report` (`print_report`), `prepare` (`prepare_cli`)
+and `command` (`unified-attn check`).
 """
 
 from unified_attn.harness.conformance.cells import (
