@@ -87,6 +87,29 @@ def test_bf16_kernels_over_fp8_match_the_dequantized_reference(split, window):
         assert (got.float() - exp).abs().max() < 1.6e-2
 
 
+@pytest.mark.parametrize("magnitude", [1e-3, 3e4, 1e6, 1e30])
+def test_bf16_queries_beyond_float16_range_are_rescaled_not_overflowed(magnitude):
+    # bf16 queries meet an fp8 cache in float16 dots: rows above 2^14 are scaled down exactly
+    lens, new = [500, 700], [1, 200]
+    scales = torch.tensor([0.011, 0.009], device="cuda")
+    cache, table, _ = fp8_paged(lens, scales, seed=5)
+    q_rows = [(torch.randn(n, HQ, D, device="cuda") * magnitude).bfloat16() for n in new]
+    q_rows[1][::3] /= magnitude  # rows of ordinary size beside the large ones
+    q = torch.cat(q_rows)
+    out = torch.empty_like(q)
+    qsl = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    layer = LayerConfig("l", HQ, HKV, D, scale=D**-0.5 / magnitude)  # logits of ordinary size
+    unified_attention(
+        q, cache[:, 0], cache[:, 1], out, query_start_loc=qsl,
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"), block_table=table,
+        num_seqs=2, max_query_len=max(new), scale=layer.scale, kv_scales=scales,
+    )  # fmt: skip
+    assert torch.isfinite(out).all()
+    expected = attend_dequantized(cache, table, lens, q_rows, scales, layer, new)
+    for got, exp in zip(out.split(new), expected, strict=True):
+        assert (got.float() - exp).abs().max() < 1.6e-2
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_the_gpu_cache_write_is_bitwise_torch_quantization(dtype):
     # the kernel's division (div_rn), clamp and rounding against torch's CUDA cast

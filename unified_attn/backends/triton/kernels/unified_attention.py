@@ -12,7 +12,9 @@ segment s covers keys `[s * segment_len, (s + 1) * segment_len)` (the last one e
 and stores an unnormalised partial result that `merge_segments_kernel` combines.
 
 An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
-to the query dtype (exact: every e4m3 value is a float16/bfloat16/float32 value); the K scale is
+to the dot dtype (exact: every e4m3 value is a float16/bfloat16/float32 value): the query dtype,
+except that bf16 queries run float16 dots (one conversion instruction per two values instead of
+three; each query row divided by a power of two first where it exceeds 2^14); the K scale is
 folded into the softmax scale (`s = (q . k) * scale * k_scale`) and the V scale into the
 accumulator before it is normalised or stored, so the scales cost two scalar loads per program.
 """
@@ -162,6 +164,17 @@ def unified_attention_kernel(
     qk_scale = scale
     if FP8_KV:
         qk_scale = scale * tl.load(kv_scales_ptr)
+    # bf16 queries over an fp8 cache: the dots run in float16, whose conversion from e4m3 is
+    # one instruction per two values (bf16 takes three). Each query row is first divided by a
+    # power of two that brings it under 2^14 (exact; the factor multiplies its scores), so no
+    # bf16 value overflows float16; probabilities (<= 1) and e4m3 values (<= 448) fit as they are.
+    F16_DOTS: tl.constexpr = FP8_KV and q_ptr.dtype.element_ty == tl.bfloat16
+    row_scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if F16_DOTS:
+        q_f32 = q.to(tl.float32)
+        amax = tl.max(tl.abs(q_f32), axis=1)
+        row_scale = tl.where(amax > 16384.0, tl.exp2(tl.ceil(tl.log2(amax / 16384.0))), 1.0)
+        q = (q_f32 / row_scale[:, None]).to(tl.float16)
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0).to(tl.float32)
 
@@ -193,6 +206,8 @@ def unified_attention_kernel(
         if FP8_KV:
             k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if F16_DOTS:
+            s = s * row_scale[:, None]
         if USE_SOFTCAP:
             # c * tanh(s / c), overflow-safe: tanh(x) = 1 - 2 / (exp(2x) + 1)
             s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
