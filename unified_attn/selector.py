@@ -28,6 +28,7 @@ _BUILTIN_MODULES = (
     "unified_attn.backends.linear_state",
     "unified_attn.backends.mla",
     "unified_attn.backends.triton.mla_backend",
+    "unified_attn.backends.triton.deepseek_v4_backend",
 )
 
 

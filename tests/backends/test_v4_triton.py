@@ -1,0 +1,73 @@
+"""DeepSeek-V4 on the Triton kernels (CPU: the interpreter): `gathered_attention` against the
+reference partial attention, then a tiny V4 checkpoint through the engine on
+`triton-deepseek-v4` against the reference backends (which match transformers:
+tests/models/test_deepseek_v4_hf.py) with chunked prefill that cuts compression windows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.hf_models import save_hf_model
+from tests.models.test_deepseek_v4_hf import MEMORY, make_v4
+from unified_attn import LLMEngine, SamplingParams
+from unified_attn.backends.deepseek_v4_steps import partial_attention
+from unified_attn.backends.triton.deepseek_v4_backend import (
+    TritonCompressedAttentionBackend,
+    TritonDeepseekV4Backend,
+)
+from unified_attn.backends.triton.v4_ops import gathered_attention
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gathered_attention_matches_the_reference_partial(dtype):
+    gen = torch.Generator().manual_seed(0)
+    tokens, heads, width, num_blocks, block_size, rows = 5, 20, 64, 12, 8, 45  # 20: 16 + 4
+    cache = torch.randn(num_blocks, block_size, width, generator=gen).to(dtype)
+    cache[3, 2, 5] = float("nan")  # a stale row no token may read
+    q = torch.randn(tokens, heads, width, generator=gen).to(dtype)
+    blocks = torch.randint(0, num_blocks, (tokens, rows), generator=gen)
+    offsets = torch.randint(0, block_size, (tokens, rows), generator=gen)
+    valid = (torch.rand(tokens, rows, generator=gen) > 0.3) & ~((blocks == 3) & (offsets == 2))
+    valid[2] = False  # a token that sees nothing: lse -inf, output 0
+    args = [t.to(DEVICE) for t in (q, cache, blocks, offsets, valid)]
+    out, lse = torch.empty_like(args[0]), torch.empty(tokens, heads, device=DEVICE)
+    gathered_attention(*args, 0.125, out, lse)
+    want_out, want_lse = torch.empty_like(q), torch.empty(tokens, heads)
+    partial_attention(q, cache[blocks, offsets], valid, 0.125, want_out, want_lse)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(out.cpu().float(), want_out.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.cpu(), want_lse, rtol=1e-5, atol=1e-5)
+    assert lse[2].isneginf().all() and (out[2] == 0).all()
+
+
+def test_gathered_attention_names_what_is_wrong():
+    q = torch.randn(2, 4, 24)
+    with pytest.raises(ValueError, match="head size 24 is not a power of two"):
+        gathered_attention(q, torch.randn(3, 4, 24), *[torch.zeros(2, 5)] * 2,
+                           torch.ones(2, 5, dtype=torch.bool), 1.0, torch.empty_like(q),
+                           torch.empty(2, 4))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_hf_model(make_v4(), tmp_path_factory.mktemp("v4-triton"))
+
+
+def test_the_engine_on_triton_matches_the_reference_backends(checkpoint):
+    prompts = [[(7 * i + 3 * j) % 120 + 3 for j in range(n)] for i, n in enumerate([37, 9])]
+    params = SamplingParams(max_tokens=6, ignore_eos=True, prompt_logits=True, return_logits=True)
+    outputs = {}
+    for backend in ("deepseek-v4-reference", "triton-deepseek-v4"):
+        engine = LLMEngine(str(checkpoint), backend=backend, max_num_batched_tokens=13,
+                           block_size=8, kv_cache_memory=MEMORY, device=DEVICE,
+                           dtype="float32")  # fmt: skip
+        outputs[backend] = engine.generate(prompts, params)
+    assert engine.backend_cls is TritonDeepseekV4Backend
+    assert engine.backend_cls.compressed_cls is TritonCompressedAttentionBackend
+    for ref, got in zip(*outputs.values(), strict=True):
+        assert got.output_token_ids == ref.output_token_ids
+        assert (got.prompt_logits - ref.prompt_logits).abs().max() < 1e-4
+        assert (got.logits - ref.logits).abs().max() < 1e-4
