@@ -18,6 +18,7 @@ import argparse
 import functools
 from typing import Any
 
+import attrs
 import torch
 from common import add_out_argument, command_line, output_dir, utc_timestamp, write_json
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           ("window", 128), ("rate", 4), ("topk", 512), ("page", 64)]:  # fmt: skip
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--quick", action="store_true", help="batch 4, 8k context")
+    parser.add_argument("--sweep", action="store_true", help="also time every GatherConfig")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     if args.quick:
@@ -125,8 +127,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"time of {t['bytes'] / 1e6:.1f} MB ({t['tb_s']:.2f} TB/s), target <= {TARGET}x: "
           f"{'met' if t['met'] else 'missed'}; {t['speedup_over_reference']:.1f}x the reference",
           flush=True)  # fmt: skip
+    if args.sweep:
+        result["sweep"] = sweep(case, args.head_size**-0.5)
     write_json(output_dir(args) / "v4_decode.json", result)
     return result
+
+
+def sweep(case: dict[str, Any], scale: float) -> list[dict[str, Any]]:
+    """Every kernel configuration on both lists: microseconds per launch."""
+    import itertools
+
+    from common import gpu_ms
+
+    from unified_attn.backends.triton.v4_ops import GatherConfig
+
+    q, rows = case["q"], []
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
+    for heads, tile, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8),
+                                                        (1, 2, 3)):  # fmt: skip
+        cfg = GatherConfig(heads, tile, warps, stages)
+        row: dict[str, Any] = attrs.asdict(cfg)
+        for name in ("swa", "compressed"):
+            cache, blocks, offsets = case[name]
+            valid = torch.ones(blocks.shape, dtype=torch.bool, device="cuda")
+            call = functools.partial(gathered_attention, q, cache, blocks, offsets, valid, scale,
+                                     out, lse, cfg)  # fmt: skip
+            try:
+                row[f"{name}_us"] = gpu_ms(call) * 1e3
+            except Exception as error:  # out of resources
+                row[f"{name}_us"] = float("nan")
+                row["error"] = type(error).__name__
+        rows.append(row)
+        print(f"[v4_decode] {cfg}: swa {row['swa_us']:.1f} us, compressed "
+              f"{row['compressed_us']:.1f} us", flush=True)  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":
