@@ -42,11 +42,14 @@ def make_engine(preset: str, budget: int, invariant: bool = True) -> LLMEngine:
     )
 
 
-def companions(count: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    """`count` prompts of mixed lengths (3-70 tokens), each generating 1-12 tokens."""
+def companions(
+    count: int, seed: int, low: int = 1, high: int = 250
+) -> tuple[list[list[int]], list[SamplingParams]]:
+    """`count` prompts of mixed lengths (3-70 tokens, ids in [low, high)), each generating 1-12
+    tokens."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(3, 71, (count,), generator=gen).tolist()
-    prompts = [torch.randint(1, 250, (n,), generator=gen).tolist() for n in lengths]
+    prompts = [torch.randint(low, high, (n,), generator=gen).tolist() for n in lengths]
     params = [
         SamplingParams(max_tokens=int(m), ignore_eos=True)
         for m in torch.randint(1, 13, (count,), generator=gen)
@@ -81,9 +84,7 @@ def test_logits_alone_equal_logits_in_a_batch_of_8(preset):
 
 @pytest.mark.parametrize(
     "preset",
-    [
-        p for p in sorted(PRESETS)
-    ],
+    [p for p in sorted(PRESETS)],
 )
 def test_prompt_chunking_and_prefix_hits_keep_the_logits(preset):
     want = alone(preset)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.models.hf_models import FAMILIES, make_family_model, save_hf_model
+from tests.models.test_batch_invariance_engine import companions
 from unified_attn import LLMEngine, SamplingParams
 
 # The tiny models have a vocabulary of 128: ids 0-2 are pad/bos/eos, so prompts use [3, 127].
@@ -54,21 +55,9 @@ def make_engine(family: str, budget: int) -> LLMEngine:
     )
 
 
-def companions(count: int, seed: int) -> tuple[list[list[int]], list[SamplingParams]]:
-    """`count` prompts of mixed lengths (3-70 tokens), each generating 1-12 tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 71, (count,), generator=gen).tolist()
-    prompts = [torch.randint(LOW, HIGH, (n,), generator=gen).tolist() for n in lengths]
-    params = [
-        SamplingParams(max_tokens=int(m), ignore_eos=True)
-        for m in torch.randint(1, 13, (count,), generator=gen)
-    ]
-    return prompts, params
-
-
 def target_logits(engine: LLMEngine, others: int = 0, seed: int = 0, **params) -> Logits:
     """The target's logits, generated first among `others` companion requests."""
-    prompts, companion_params = companions(others, seed)
+    prompts, companion_params = companions(others, seed, LOW, HIGH)
     wanted = attrs.evolve(WANT_LOGITS, **params)
     out = engine.generate([TARGET, *prompts], [wanted, *companion_params])[0]
     assert out.logits is not None

@@ -35,11 +35,10 @@ from unified_attn.backends.kv_quant import (
 )
 from unified_attn.backends.triton.ops import (
     MAX_SEGMENTS,
-    SUPPORTED_DTYPES,
     SplitPlan,
     SplitScratch,
-    interpreter_on,
     plan_split,
+    platform_reasons,
     unified_attention,
     write_kv_cache,
 )
@@ -71,17 +70,12 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
-        reasons = []
-        device = torch.device(cfg.device).type
-        if device != "cuda" and not (device == "cpu" and interpreter_on()):
-            reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
-        if device == "cpu" and cfg.use_batch_invariant:
+        reasons = platform_reasons(cfg.device, cfg.dtype)
+        if torch.device(cfg.device).type == "cpu" and cfg.use_batch_invariant:
             reasons.append(
                 "batch-invariant mode needs a CUDA device: the CPU interpreter computes tl.dot "
                 "with numpy, whose float32 matmul rounds a row by its place in the tile"
             )
-        if cfg.dtype not in SUPPORTED_DTYPES:
-            reasons.append(f"dtype {cfg.dtype} is not one of {SUPPORTED_DTYPES}")
         reasons.extend(kv_cache_dtype_reasons(cls.name, cfg))
         if not 16 <= cfg.head_size <= MAX_HEAD_SIZE or cfg.head_size % 16:
             reasons.append(f"head size {cfg.head_size} is not a multiple of 16 in [16, 256]")

@@ -15,7 +15,7 @@ from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
 from unified_attn.backends.deepseek_v4_compressed import CompressedAttentionBackend
 from unified_attn.backends.deepseek_v4_steps import check_tensor, write_rows
-from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, interpreter_on
+from unified_attn.backends.triton.ops import platform_reasons
 from unified_attn.backends.triton.v4_ops import gathered_attention
 from unified_attn.selector import SelectorConfig, register_backend
 
@@ -78,11 +78,7 @@ class TritonDeepseekV4Backend(DeepseekV4WindowBackend):
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
         reasons = super().validate_configuration(cfg)
-        device = torch.device(cfg.device).type
-        if device != "cuda" and not (device == "cpu" and interpreter_on()):
-            reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
-        if cfg.dtype not in SUPPORTED_DTYPES:
-            reasons.append(f"dtype {cfg.dtype} is not one of {SUPPORTED_DTYPES}")
+        reasons += platform_reasons(cfg.device, cfg.dtype)
         if cfg.head_size < 16 or cfg.head_size & (cfg.head_size - 1):
             reasons.append(f"head size {cfg.head_size} is not a power of two >= 16")
         return reasons

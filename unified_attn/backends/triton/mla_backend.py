@@ -26,7 +26,7 @@ from unified_attn.backends.triton.mla_ops import (
     plan_mla,
     write_latent_cache,
 )
-from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, interpreter_on
+from unified_attn.backends.triton.ops import platform_reasons
 from unified_attn.selector import SelectorConfig, register_backend
 
 
@@ -42,11 +42,7 @@ class TritonMLABackend(MLAReferenceBackend):
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
         reasons = super().validate_configuration(cfg)
-        device = torch.device(cfg.device).type
-        if device != "cuda" and not (device == "cpu" and interpreter_on()):
-            reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {device}")
-        if cfg.dtype not in SUPPORTED_DTYPES:
-            reasons.append(f"dtype {cfg.dtype} is not one of {SUPPORTED_DTYPES}")
+        reasons += platform_reasons(cfg.device, cfg.dtype)
         if cfg.sliding_window is not None:
             reasons.append("sliding windows are not supported by the MLA kernel")
         if cfg.use_batch_invariant:

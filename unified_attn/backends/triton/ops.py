@@ -53,6 +53,18 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def platform_reasons(device: str, dtype: torch.dtype) -> list[str]:
+    """Why the Triton kernels cannot run on `device` in `dtype` (empty: they can): a CUDA device,
+    or the CPU under the interpreter; float16, bfloat16 or float32."""
+    reasons = []
+    kind = torch.device(device).type
+    if kind != "cuda" and not (kind == "cpu" and interpreter_on()):
+        reasons.append(f"needs a CUDA device (or TRITON_INTERPRET=1 on CPU), got {kind}")
+    if dtype not in SUPPORTED_DTYPES:
+        reasons.append(f"dtype {dtype} is not one of {SUPPORTED_DTYPES}")
+    return reasons
+
+
 @functools.cache
 def num_multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
