@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_and_exit_code_2(capsys, checkpoint, argv, message
 
 
 def test_png_without_matplotlib_says_how_to_get_it(capsys, monkeypatch):
-    from unified_attn.harness import plan
+    from unified_attn.harness import plan_command as plan
 
     monkeypatch.setattr(plan, "matplotlib_installed", lambda: False)
     assert main(["plan", "--png", "capacity.png"]) == 2

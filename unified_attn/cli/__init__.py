@@ -15,7 +15,7 @@ from importlib import metadata
 from typing import Any, NoReturn
 
 from unified_attn.cli import backends, models, run
-from unified_attn.harness import plan
+from unified_attn.harness import plan_command as plan
 from unified_attn.harness.conformance import command as check
 from unified_attn.harness.migration import command as migrate
 
