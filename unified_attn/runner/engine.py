@@ -1,6 +1,8 @@
 """`LLMEngine`: model + worker + KV-cache manager + scheduler + runner behind `generate`, `stream`
 and a step-by-step serving loop, with vLLM-shaped outputs (`RequestOutput`, `CompletionOutput`,
-`Logprob`) and stream deltas (`StreamDelta`)."""
+`Logprob`) and stream deltas (`StreamDelta`). Its collaborators: `request_intake.py` checks
+and builds what a request queues, `request_tracker.py` follows queued requests to their
+outputs."""
 
 from __future__ import annotations
 
@@ -10,40 +12,29 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-import attrs
-
 from unified_attn.managers import KVCacheManager
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
 from unified_attn.models.invariant import require_batch_invariant
-from unified_attn.request import Request, RequestStatus
+from unified_attn.request import Request
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
-from unified_attn.runner.detokenizer import IncrementalText
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.kv_access import KVCacheAccess
 from unified_attn.runner.model_runner import StepResult
 from unified_attn.runner.model_source import load_model
-from unified_attn.runner.outputs import (
-    EncodeOutput,
-    RequestOutput,
-    SampleLogprobs,
-    StreamDelta,
+from unified_attn.runner.outputs import EncodeOutput, RequestOutput, StreamDelta
+from unified_attn.runner.prompts import PromptReader, RequestIds, as_list, pack_prompts
+from unified_attn.runner.request_intake import (
+    PreparedPrompt,
+    check_params,
+    child_ids,
+    child_params,
+    new_sequence,
+    params_per_prompt,
 )
-from unified_attn.runner.prompts import (
-    PromptReader,
-    ReadPrompt,
-    RequestIds,
-    as_list,
-    pack_prompts,
-)
+from unified_attn.runner.request_tracker import RequestTracker
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
-from unified_attn.runner.sequences import (
-    FINISH_REASONS,
-    ParentRequest,
-    SequenceState,
-    gather_logprobs,
-    request_output,
-)
+from unified_attn.runner.sequences import ParentRequest
 from unified_attn.runner.speculative import build_drafter, propose_drafts
 from unified_attn.runner.tensor_parallel import (
     TensorParallelGroup,
@@ -67,18 +58,6 @@ def check_batch_invariant_options(config: EngineConfig) -> None:
             "with an all-reduce whose algorithm (and so its order of additions) NCCL picks by "
             "message size, i.e. by the batch; use tensor_parallel_size=1 or turn the mode off"
         )
-
-
-# ---- the engine's per-request state ------------------------------------------------------------
-
-
-@attrs.frozen
-class _Prompt:
-    """A validated prompt: its token ids (and the encoder's), its text if given as text, and
-    its parameters."""
-
-    read: ReadPrompt
-    params: SamplingParams
 
 
 PromptType = str | Sequence[int] | Mapping[str, Any]
@@ -161,13 +140,8 @@ class LLMEngine(KVCacheAccess):
         self.runner = make_rank_runner(config, source, self.worker, (1, 1 + k) if k else (1,))
         self.stats = EngineStats()
         self._ids = RequestIds()
-        self._parents: dict[str, ParentRequest] = {}  # unfinished requests, by the id callers know
-        self._sequences: dict[str, SequenceState] = {}  # their scheduler requests, by request id
-        # Finished requests' outputs not handed out yet: `step` returns them, `generate` takes
-        # its own.
-        self._outputs: list[RequestOutput] = []
-        # Streamed requests: request id -> the queue of its stream (one queue per `stream`).
-        self._stream_queues: dict[str, deque[StreamDelta]] = {}
+        # the queued requests, their progress and their outputs not handed out yet
+        self._requests = RequestTracker(self.scheduler)
         # `subscribe_kv_events` callbacks, called after every step with its events
         self._kv_event_callbacks: list[Callable[[list[KVCacheEvent]], object]] = []
 
@@ -243,67 +217,29 @@ class LLMEngine(KVCacheAccess):
         with the tokens generated so far and `finish_reason="abort"`, comes from the next
         `step()` (or, if `generate` or `stream` runs it, from there). An id that is not an
         unfinished request of this engine raises `ValueError`."""
-        parent = self._parents.get(request_id)
-        if parent is None:
-            raise ValueError(
-                f"abort_request: no unfinished request has id {request_id!r} (it finished, was "
-                "aborted or was never added); pass an id from unfinished_request_ids()"
-            )
-        for seq in parent.sequences:
-            if seq.finish_reason is None:
-                self.scheduler.abort_request(seq.request.request_id)
-                seq.finish_reason = "abort"
-                if seq.incremental:
-                    self._read_text(seq, [], finished_now=True)
-                self._stream(seq, [], [] if seq.logprobs is not None else None)
-        self._finish(parent)
+        self._requests.abort(request_id)
 
     def unfinished_request_ids(self) -> list[str]:
         """Ids of the requests still running or waiting, in the order they were added."""
-        return list(self._parents)
+        return self._requests.unfinished_ids()
 
     def has_unfinished_requests(self) -> bool:
         """Requests still to run, or finished ones whose output `step()` has not returned yet."""
-        return self.scheduler.has_unfinished() or bool(self._outputs)
+        return self.scheduler.has_unfinished() or self._requests.has_outputs
 
-    def _prepare(self, what: str, prompt: Any, params: Any) -> _Prompt:
+    def _prepare(self, what: str, prompt: Any, params: Any) -> PreparedPrompt:
         if self.kind == "encoder_only":
             raise ValueError(
                 f"{what}: {self.config.model!r} is an encoder-only model, it generates no "
                 "tokens; use encode(prompts) for its hidden states"
             )
         params = SamplingParams() if params is None else params
-        self._check_params(what, params)
-        return _Prompt(self.prompts.read(what, prompt), params)
-
-    def _check_params(self, what: str, params: Any) -> None:
-        """What `SamplingParams` cannot check alone: it needs the model's tokenizer or vocab."""
-        if not isinstance(params, SamplingParams):
-            raise ValueError(
-                f"{what}: expected SamplingParams, got {type(params).__name__}; build one with "
-                "SamplingParams(max_tokens=..., ...)"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ValueError(
-                f"{what}: SamplingParams.stop={list(params.stop)} needs a tokenizer to read the "
-                "text and this model has none; use stop_token_ids, or a checkpoint that ships "
-                "tokenizer files"
-            )
-        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"{what}: SamplingParams.stop_token_ids holds {bad[0]}, outside the vocabulary "
-                f"[0, {self.vocab_size}); drop it"
-            )
-        if params.logprobs is not None and params.logprobs > self.vocab_size:
-            raise ValueError(
-                f"{what}: SamplingParams.logprobs={params.logprobs} exceeds the vocabulary size "
-                f"{self.vocab_size}; ask for at most {self.vocab_size}"
-            )
+        check_params(what, params, self.tokenizer, self.vocab_size)
+        return PreparedPrompt(self.prompts.read(what, prompt), params)
 
     def _add(
         self,
-        prompt: _Prompt,
+        prompt: PreparedPrompt,
         request_id: str | None,
         cache_salt: str | None,
         queue: deque[StreamDelta] | None,
@@ -311,16 +247,15 @@ class LLMEngine(KVCacheAccess):
         """Queue a validated prompt as `n` scheduler requests; `queue` streams it."""
         if request_id is None:
             request_id = self._ids.new()
-        n = prompt.params.n
-        child_ids = [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
-        self._check_ids(request_id, child_ids)
+        ids = child_ids(request_id, prompt.params.n)
+        self._check_ids(request_id, ids)
         self._ids.reserve(request_id)
-        read = prompt.read
+        read, streamed = prompt.read, queue is not None
         parent = ParentRequest(
             request_id, read.text, read.token_ids, read.encoder_text, read.encoder_token_ids
         )
-        for index, child_id in enumerate(child_ids):
-            params = _child_params(prompt.params, index)
+        for index, child_id in enumerate(ids):
+            params = child_params(prompt.params, index)
             request = Request(
                 child_id,
                 read.token_ids,
@@ -331,39 +266,20 @@ class LLMEngine(KVCacheAccess):
             )
             request.skip_reading_prefix_cache = params.prompt_logits
             self.scheduler.add_request(request)
-            seq = self._new_sequence(request_id, index, request, streamed=queue is not None)
-            parent.sequences.append(seq)
-            self._sequences[child_id] = seq
-        self._parents[request_id] = parent
-        if queue is not None:
-            self._stream_queues[request_id] = queue
+            parent.sequences.append(
+                new_sequence(request_id, index, request, self.tokenizer, streamed=streamed)
+            )
+        self._requests.add(parent, queue)
         return request_id
 
-    def _check_ids(self, request_id: str, child_ids: list[str]) -> None:
-        taken = [i for i in child_ids if i in self.scheduler.requests]
-        if request_id in self._parents or taken:
+    def _check_ids(self, request_id: str, ids: list[str]) -> None:
+        """Refuse a request id in use (an unfinished request's, or a scheduler request's)."""
+        taken = [i for i in ids if i in self.scheduler.requests]
+        if self._requests.is_unfinished(request_id) or taken:
             raise ValueError(
                 f"request id {(taken or [request_id])[0]!r} is already in use; pick another id "
                 "or let the engine choose one"
             )
-
-    def _new_sequence(
-        self, parent_id: str, index: int, request: Request, *, streamed: bool
-    ) -> SequenceState:
-        params: SamplingParams = request.sampling_params
-        text = None
-        if self.tokenizer is not None:
-            text = IncrementalText(self.tokenizer, params.stop, params.min_tokens)
-        wants_logprobs = params.logprobs is not None
-        return SequenceState(
-            parent_id,
-            index,
-            request,
-            text,
-            incremental=streamed or bool(params.stop),
-            logprobs=[] if wants_logprobs else None,
-            cumulative_logprob=0.0 if wants_logprobs else None,
-        )
 
     # ---- running -------------------------------------------------------------------------------
 
@@ -372,8 +288,7 @@ class LLMEngine(KVCacheAccess):
         requests aborted since the last step, and of requests that finished while `generate`
         or `stream` was driving the engine for other prompts."""
         self._step()
-        outputs, self._outputs = self._outputs, []
-        return outputs
+        return self._requests.take_all()
 
     def generate(
         self,
@@ -394,13 +309,13 @@ class LLMEngine(KVCacheAccess):
             for prompt in batch:
                 ids.append(self._add(prompt, None, None, None))
             while True:
-                self._take_outputs(set(ids), done)
+                self._requests.take(set(ids), done)
                 if len(done) == len(ids):
                     return [done[i] for i in ids]
                 self._check_progress("generate", set(ids) - done.keys())
                 self._step()
         except BaseException:
-            self._drop(set(ids) - done.keys())
+            self._requests.drop(set(ids) - done.keys())
             raise
 
     def stream(
@@ -419,7 +334,7 @@ class LLMEngine(KVCacheAccess):
         """
         return self._run_stream(self._batch("stream", prompts, params))
 
-    def _run_stream(self, batch: list[_Prompt]) -> Iterator[StreamDelta]:
+    def _run_stream(self, batch: list[PreparedPrompt]) -> Iterator[StreamDelta]:
         queue: deque[StreamDelta] = deque()
         ids: list[str] = []
         try:
@@ -428,33 +343,20 @@ class LLMEngine(KVCacheAccess):
             remaining = sum(prompt.params.n for prompt in batch)
             while remaining:
                 if not queue:
-                    self._check_progress("stream", set(ids) & self._parents.keys())
+                    unfinished = {i for i in ids if self._requests.is_unfinished(i)}
+                    self._check_progress("stream", unfinished)
                     self._step()
                     continue
                 delta = queue.popleft()
                 remaining -= delta.finished
                 yield delta
         finally:
-            self._drop({i for i in ids if i in self._parents})
-            for request_id in ids:
-                self._stream_queues.pop(request_id, None)
+            self._requests.end_stream(ids)
 
-    def _batch(self, what: str, prompts: Any, params: Any) -> list[_Prompt]:
+    def _batch(self, what: str, prompts: Any, params: Any) -> list[PreparedPrompt]:
         """Every prompt read and validated, with its parameters, before any is queued."""
         batch = as_list(what, prompts)
-        if params is None or isinstance(params, SamplingParams):
-            all_params = [params] * len(batch)
-        elif isinstance(params, Sequence):
-            all_params = list(params)
-        else:
-            raise ValueError(
-                f"{what}: expected SamplingParams or a list of them, got {type(params).__name__}"
-            )
-        if len(all_params) != len(batch):
-            raise ValueError(
-                f"{what}: got {len(all_params)} SamplingParams for {len(batch)} prompts; "
-                "pass one SamplingParams, or one per prompt"
-            )
+        all_params = params_per_prompt(what, params, len(batch))
         return [
             self._prepare(f"{what}: prompt {i}", prompt, sp)
             for i, (prompt, sp) in enumerate(zip(batch, all_params, strict=True))
@@ -463,25 +365,6 @@ class LLMEngine(KVCacheAccess):
     def _check_progress(self, what: str, waiting_for: set[str]) -> None:
         if not self.scheduler.has_unfinished():
             raise RuntimeError(f"{what}: requests {sorted(waiting_for)} ended without an output")
-
-    def _take_outputs(self, wanted: set[str], done: dict[str, RequestOutput]) -> None:
-        keep = []
-        for out in self._outputs:
-            if out.request_id in wanted:
-                done[out.request_id] = out
-            else:
-                keep.append(out)
-        self._outputs = keep
-
-    def _drop(self, request_ids: set[str]) -> None:
-        """Abort requests whose caller is gone (an interrupted `generate`, a closed stream);
-        their outputs go nowhere."""
-        for request_id in request_ids:
-            parent = self._parents.pop(request_id, None)
-            for seq in parent.sequences if parent else ():
-                self.scheduler.abort_request(seq.request.request_id)
-                self._sequences.pop(seq.request.request_id, None)
-        self._outputs = [o for o in self._outputs if o.request_id not in request_ids]
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -500,22 +383,11 @@ class LLMEngine(KVCacheAccess):
             for e in output.scheduled
         }
         self._count(output, result, appended, start)
-        self._keep_logits(output, result, appended)
+        self._requests.keep_logits(output, result, appended)
         if self.drafter is not None:
             propose_drafts(self.drafter, output, self.max_model_len)
         finished_ids = {r.request_id for r in finished}
-        touched: dict[str, ParentRequest] = {}
-        for entry in output.scheduled:
-            seq = self._sequences.get(entry.request.request_id)
-            if seq is None:
-                continue
-            finished_now = seq.request.request_id in finished_ids
-            if finished_now or seq.request.num_output_tokens > seq.num_seen:
-                self._advance(seq, result, finished_now)
-                touched[seq.parent_id] = self._parents[seq.parent_id]
-        for parent in touched.values():
-            if parent.done:
-                self._finish(parent)
+        self._requests.advance(output, result, finished_ids, self.tokenizer)
         self._publish_kv_events()
 
     def _execute(self, output: SchedulerOutput) -> StepResult:
@@ -553,73 +425,3 @@ class LLMEngine(KVCacheAccess):
             stats.spec_verifications += 1
             stats.spec_drafted += num_drafts
             stats.spec_accepted += len(result.sampled[rid]) - 1
-
-    def _keep_logits(
-        self, output: SchedulerOutput, result: StepResult, appended: dict[str, int]
-    ) -> None:
-        for request in output.preempted:
-            seq = self._sequences.get(request.request_id)
-            if seq is not None:
-                seq.prompt_logits.clear()  # the prompt is recomputed
-        for rid, rows in result.prompt_logits.items():
-            self._sequences[rid].prompt_logits.append(rows)
-        for rid, rows in result.sample_logits.items():  # the rows of the tokens kept
-            self._sequences[rid].sample_logits.append(rows[: appended[rid]])
-
-    def _advance(self, seq: SequenceState, result: StepResult, finished_now: bool) -> None:
-        """Gather a sequence's new tokens: log-probabilities, finish, text and stop strings, and
-        its stream's delta."""
-        request = seq.request
-        new = request.output_token_ids[seq.num_seen :]
-        seq.num_seen = request.num_output_tokens
-        kept = result.logprobs.get(request.request_id, [])[: len(new)]
-        new_logprobs = gather_logprobs(seq, kept, self.tokenizer)
-        if finished_now:
-            seq.finish_reason = FINISH_REASONS[request.status]
-            seq.stop_reason = request.stop_reason
-        if seq.incremental:
-            self._read_text(seq, new, finished_now)
-        self._stream(seq, new, new_logprobs)
-
-    def _read_text(self, seq: SequenceState, new: list[int], finished_now: bool) -> None:
-        """Add new tokens to the text (a token that stopped the sequence stays out of it); a
-        stop string found there stops the sequence."""
-        state, request = seq.text, seq.request
-        if state is None:
-            return
-        by_token = finished_now and request.status == RequestStatus.FINISHED_STOPPED
-        state.add(new[:-1] if by_token else new, request.num_output_tokens, final=finished_now)
-        if state.stop_string is None or seq.finish_reason == "abort":
-            return
-        if not finished_now:
-            self.scheduler.finish_request(request.request_id, RequestStatus.FINISHED_STOPPED)
-        request.stop_reason = seq.stop_reason = state.stop_string
-        seq.finish_reason = "stop"  # also when a length cap ended it in the same step, as vLLM
-
-    def _stream(self, seq: SequenceState, new: list[int], logprobs: SampleLogprobs | None) -> None:
-        queue = self._stream_queues.get(seq.parent_id)
-        if queue is None:
-            return
-        finished = seq.finish_reason is not None
-        text = None if seq.text is None else seq.text.delta(finished)
-        queue.append(
-            StreamDelta(
-                seq.parent_id, seq.index, new, text, logprobs, seq.finish_reason, seq.stop_reason
-            )
-        )
-
-    def _finish(self, parent: ParentRequest) -> None:
-        """Forget a finished request; its output goes to `step()` (a stream had its deltas)."""
-        del self._parents[parent.request_id]
-        for seq in parent.sequences:
-            self._sequences.pop(seq.request.request_id, None)
-        if parent.request_id not in self._stream_queues:
-            self._outputs.append(request_output(parent))
-
-
-def _child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Completion `index` of `n`: one sequence, seeded `seed + index`."""
-    if params.n == 1:
-        return params
-    seed = None if params.seed is None else params.seed + index
-    return attrs.evolve(params, n=1, seed=seed)
