@@ -31,6 +31,10 @@ other places in the batch, each on a fresh cache with its own block table: its o
 be bitwise the same. A backend that does not claim `supports_batch_invariance()` (or cannot on
 the cell's device) is "unsupported" there.
 
+Backends of multi-head latent attention (`layer_kinds` with "mla") run the MLA cells of `mla`:
+a latent cache over garbage, queries and the layer's up-projection through the MLA contract,
+against keys and values up-projected explicitly and attended by SDPA in float64.
+
 Backends of recurrent-state layers (`layer_kinds` with "linear_state") run the state cells of
 `state` instead: several steps through `StateManager` state blocks, against the gated linear
 recurrence computed token by token in float64.
@@ -39,8 +43,8 @@ Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross
 steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
 (the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
 cells), `fp8` (the fp8 cells' oracle and checks), `invariance` (the batch-invariance cells),
-`run` (`run_cell`, `run_conformance`), `report` (`print_report`), `prepare` (`prepare_cli`)
-and `command` (`unified-attn check`).
+`mla` (the MLA cells), `run` (`run_cell`, `run_conformance`), `report` (`print_report`),
+`prepare` (`prepare_cli`) and `command` (`unified-attn check`).
 """
 
 from unified_attn.harness.conformance.cells import (

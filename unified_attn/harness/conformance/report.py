@@ -17,6 +17,7 @@ SECTIONS = {
     "encoder": "encoder self-attention (bidirectional, no KV cache)",
     "encoder_decoder": "cross-attention (encoder keys and values in the KV cache)",
     "linear_state": "recurrent state",
+    "mla": "multi-head latent attention (latent cache, up-projection as a keyword)",
     "batch_invariance": "batch invariance (bitwise: alone, chunked, in batches)",
 }
 COLOUR = {"pass": "green", "fail": "red", "unsupported": "yellow"}

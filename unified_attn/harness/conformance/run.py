@@ -26,6 +26,7 @@ from unified_attn.harness.conformance.invariance import (
     InvarianceCell,
     run_invariance_cell,
 )
+from unified_attn.harness.conformance.mla import CUDA_MLA_CELLS, MLA_GRID, MLACell, run_mla_cell
 from unified_attn.harness.conformance.oracle import compare_with_oracle
 from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
 from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
@@ -92,13 +93,13 @@ def backend_class(
     return backend
 
 
-AnyCell = AttentionCell | StateCell | InvarianceCell
+AnyCell = AttentionCell | StateCell | InvarianceCell | MLACell
 
 
 def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[AnyCell, ...]:
     """The grid of every layer kind the backend computes: attention cells of all four types,
     over an fp8 cache and batch invariance (those the backend does not declare come out
-    unsupported), half-precision cells on CUDA."""
+    unsupported), state cells, MLA cells; half-precision cells on CUDA."""
     cells: tuple[AnyCell, ...] = ()
     if "attention" in backend_cls.layer_kinds:
         cells += GRID + ENCODER_GRID + CROSS_GRID + FP8_GRID + INVARIANCE_GRID
@@ -106,6 +107,9 @@ def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[Any
             cells += CUDA_CELLS + CUDA_INVARIANCE_CELLS
     if "linear_state" in backend_cls.layer_kinds:
         cells += STATE_GRID
+    if "mla" in backend_cls.layer_kinds:
+        cells += MLA_GRID
+        cells += CUDA_MLA_CELLS if torch.device(device).type == "cuda" else ()
     return cells or GRID  # a kind the suite does not know: the attention cells say so
 
 
@@ -116,6 +120,8 @@ def run_any_cell(
         return run_state_cell(backend_cls, cell, device, seed)
     if isinstance(cell, InvarianceCell):
         return run_invariance_cell(backend_cls, cell, device, seed)
+    if isinstance(cell, MLACell):
+        return run_mla_cell(backend_cls, cell, device, seed)
     return run_cell(backend_cls, cell, device, seed)
 
 
