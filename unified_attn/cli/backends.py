@@ -8,8 +8,9 @@ import argparse
 import json
 from typing import Any
 
+from unified_attn.runner.catalog import default_device, describe_backends
 from unified_attn.runner.device import resolve_device
-from unified_attn.runner.model_source import DEFAULT_MODEL, default_device, describe_backends
+from unified_attn.runner.model_source import DEFAULT_MODEL
 
 
 def add_parser(commands: Any) -> None:

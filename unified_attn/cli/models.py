@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from unified_attn.harness.plan import REAL_SHAPES, REAL_V4_SHAPES
-from unified_attn.runner.model_source import describe_model, describe_models, describe_v4_model
+from unified_attn.runner.catalog import describe_model, describe_models, describe_v4_model
 
 
 def add_parser(commands: Any) -> None:

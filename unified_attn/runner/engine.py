@@ -36,13 +36,12 @@ from unified_attn.runner.request_tracker import RequestTracker
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.sequences import ParentRequest
 from unified_attn.runner.speculative import build_drafter, propose_drafts
-from unified_attn.runner.tensor_parallel import (
-    TensorParallelGroup,
+from unified_attn.runner.tensor_parallel import TensorParallelGroup, serve_launched_rank
+from unified_attn.runner.tp_rank import (
     agree_on_blocks,
     make_rank_runner,
     make_worker,
     rank_model,
-    serve_launched_rank,
 )
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams

@@ -1,15 +1,12 @@
 """Turn an engine's `model` argument (a preset name or a checkpoint path) into a model with its
 backend selected, its weights and its tokenizer.
 
-Backends are named the same way everywhere (the engine, `run`, `check`, `migrate`): a registered
-name, a legacy port's name (`legacy-reference`, `legacy-triton`) or `module:Class` of a native
-or a four-class backend (the latter wrapped in `LegacyBackendAdapter`); `resolve_engine_backend`
-resolves them. `describe_backends` and `describe_models` say what this machine can run.
+The backend is named as everywhere else (`runner/backend_names.py`) and selected for every
+distinct attention kind of the model (`selector_configs`).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -18,11 +15,6 @@ import attrs
 import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType
-from unified_attn.legacy_adapter import (
-    LegacyAttentionBackend,
-    LegacyBackendAdapter,
-    resolve_any_backend,
-)
 from unified_attn.models import (
     MLA_PRESETS,
     PRESETS,
@@ -32,7 +24,6 @@ from unified_attn.models import (
     LayerKind,
     ModelConfig,
     get_preset,
-    supported_architectures,
 )
 from unified_attn.models.bart import BartConfig
 from unified_attn.models.bert import BertConfig
@@ -48,15 +39,9 @@ from unified_attn.models.hf_encoders import (
     load_bart,
     load_bert,
 )
+from unified_attn.runner.backend_names import select_engine_backend
 from unified_attn.runner.prompts import ModelKind
-from unified_attn.selector import (
-    SelectorConfig,
-    backend_priorities,
-    backend_reasons,
-    batch_invariant_from_env,
-    registered_backends,
-    select_backend,
-)
+from unified_attn.selector import SelectorConfig, batch_invariant_from_env
 from unified_attn.tensor_specs import as_dtype
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
@@ -288,172 +273,3 @@ def resolve_max_model_len(requested: Any, config: AnyModelConfig) -> int:
             f"give at most {limit}"
         )
     return requested
-
-
-# ---- backends: one naming everywhere --------------------------------------------------------
-
-
-def resolve_engine_backend(backend: Any) -> type[AttentionBackend] | None:
-    """None (select automatically), a name, `module:Class`, or a class (a four-class backend
-    is wrapped in `LegacyBackendAdapter`). Unknown names raise `ValueError` listing all."""
-    if backend is None:
-        return None
-    if isinstance(backend, str):
-        return resolve_backend_name(backend)
-    if isinstance(backend, type) and issubclass(backend, LegacyAttentionBackend):
-        return LegacyBackendAdapter.wrap(backend)
-    if isinstance(backend, type) and issubclass(backend, AttentionBackend):
-        return backend
-    raise ValueError(
-        f"backend {backend!r} is neither a name, module:Class, an AttentionBackend nor a "
-        "LegacyAttentionBackend subclass"
-    )
-
-
-def resolve_backend_name(name: str) -> type[AttentionBackend]:
-    """A registered name, a legacy port's name or `module:Class` (legacy classes wrapped)."""
-    if ":" not in name and name not in backend_classes():
-        raise ValueError(
-            f"unknown attention backend {name!r}; use one of {', '.join(backend_classes())} "
-            "(see `unified-attn backends`) or module:Class"
-        )
-    return resolve_any_backend(name)
-
-
-def select_engine_backend(
-    cfgs: list[SelectorConfig], backend: Any = None
-) -> type[AttentionBackend]:
-    """The requested backend, validated for every config (never replaced), else the
-    selector's choice."""
-    cls = resolve_engine_backend(backend)
-    return select_backend(cfgs) if cls is None else select_backend(cfgs, override=cls)
-
-
-def backend_classes() -> dict[str, type[AttentionBackend]]:
-    """Every backend a bare name selects: the registered ones by name, then the legacy ports."""
-    ports = importlib.import_module("unified_attn.legacy_adapter.ports")
-    adapters = [getattr(ports, n) for n in ports.__all__ if n.endswith("Adapter")]
-    registered = dict(sorted(registered_backends().items()))
-    return registered | {cls.name: cls for cls in adapters}
-
-
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def default_selector_config(cls: type[AttentionBackend], device: str) -> SelectorConfig:
-    """What `unified-attn run` asks of a backend by default: the default model's head size,
-    the device's default dtype, the backend's first layer kind."""
-    return SelectorConfig(
-        head_size=get_preset(DEFAULT_MODEL).head_size,
-        dtype=default_dtype(torch.device(device)),
-        device=device,
-        use_batch_invariant=False,
-        layer_kind=cls.layer_kinds[0],
-    )
-
-
-def describe_backends(device: str | None = None) -> list[dict[str, Any]]:
-    """Per backend: its class, capabilities, and whether it can serve the default
-    configuration on `device` (default: cuda when visible, else cpu), with the reasons."""
-    device = device or default_device()
-    rows = []
-    for name, cls in backend_classes().items():
-        cfg = default_selector_config(cls, device)
-        rows.append({
-            "name": name,
-            "class": f"{cls.__module__}:{cls.__qualname__}",
-            "priority": backend_priorities().get(name, {}),
-            "batch_invariant": cls.supports_batch_invariance(),
-            "cuda_graphs": cls.supports_cuda_graphs(),
-            "layer_kinds": list(cls.layer_kinds),
-            "device": device,
-            "dtype": str(cfg.dtype).removeprefix("torch."),
-            "head_size": cfg.head_size,
-            "reasons": backend_reasons(cls, cfg),
-            "automatic": automatic_choice(cfg) is cls,
-        })  # fmt: skip
-    return rows
-
-
-def automatic_choice(cfg: SelectorConfig) -> type[AttentionBackend] | None:
-    try:
-        return select_backend(cfg)
-    except ValueError:
-        return None
-
-
-# ---- models -----------------------------------------------------------------------------------
-
-
-def describe_layer_kinds(config: ModelConfig) -> str:
-    """`full x2, sliding 32 x2`: each distinct layer kind with its count, in order."""
-    counts: dict[str, int] = {}
-    for kind in config.layer_kinds:
-        label = layer_kind_label(kind)
-        counts[label] = counts.get(label, 0) + 1
-    return ", ".join(f"{label} x{n}" for label, n in counts.items())
-
-
-def layer_kind_label(kind: LayerKind) -> str:
-    label = kind.kind.replace("_", " ")
-    if kind.window is not None:
-        label += f" {kind.window}"
-    if kind.chunk is not None:
-        label += f" {kind.chunk}"
-    if kind.sink_tokens:
-        label += f" + {kind.sink_tokens} sink tokens"
-    if kind.has_sinks:
-        label += " (learned sinks)"
-    return label
-
-
-def describe_model(config: ModelConfig) -> dict[str, Any]:
-    return {
-        "name": config.name,
-        "layers": config.num_layers,
-        "layer_kinds": describe_layer_kinds(config),
-        "heads": f"{config.num_heads} / {config.num_kv_heads} KV x {config.head_size}",
-        "max_position_embeddings": config.max_position_embeddings,
-    }
-
-
-def describe_mla_model(config: DeepseekConfig) -> dict[str, Any]:
-    """`describe_model`'s row for a DeepSeek model: its MLP pattern and latent width."""
-    dense, moe = config.first_k_dense_replace, config.num_layers - config.first_k_dense_replace
-    return {
-        "name": config.name,
-        "layers": config.num_layers,
-        "layer_kinds": f"mla x{config.num_layers} (dense MLP x{dense}, MoE x{moe})",
-        "heads": f"{config.num_heads} / latent {config.kv_lora_rank} + {config.qk_rope_head_dim}",
-        "max_position_embeddings": config.max_position_embeddings,
-    }
-
-
-def describe_v4_model(config: DeepseekV4Config) -> dict[str, Any]:
-    """`describe_model`'s row for a DeepSeek-V4 model: its attention pattern and caches."""
-    kinds = {"sliding_attention": "sliding", "compressed_sparse_attention": "CSA",
-             "heavily_compressed_attention": "HCA"}  # fmt: skip
-    counts: dict[str, int] = {}
-    for kind in config.layer_types:
-        counts[kinds[kind]] = counts.get(kinds[kind], 0) + 1
-    return {
-        "name": config.name,
-        "layers": config.num_layers,
-        "layer_kinds": ", ".join(f"{k} x{n}" for k, n in counts.items())
-        + f" (window {config.sliding_window}, rates {config.csa_compress_rate} / "
-        f"{config.hca_compress_rate})",
-        "heads": f"{config.num_heads} / shared KV x {config.head_dim}",
-        "max_position_embeddings": config.max_position_embeddings,
-    }
-
-
-def describe_models() -> dict[str, Any]:
-    """The presets (with their layer kinds) and the Hugging Face architectures a checkpoint
-    directory may have."""
-    return {
-        "presets": [describe_model(config) for config in PRESETS.values()]
-        + [describe_mla_model(config) for config in MLA_PRESETS.values()]
-        + [describe_v4_model(config) for config in V4_PRESETS.values()],
-        "architectures": supported_architectures(),
-    }

@@ -10,7 +10,7 @@ from typing import Any
 from unified_attn.harness.conformance.prepare import positive_int, prepare_cli
 from unified_attn.harness.conformance.report import print_report
 from unified_attn.harness.conformance.run import run_conformance
-from unified_attn.runner.model_source import resolve_backend_name
+from unified_attn.runner.backend_names import resolve_backend_name
 
 
 def add_parser(commands: Any) -> None:

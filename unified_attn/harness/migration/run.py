@@ -14,8 +14,8 @@ from unified_attn.harness.migration.engine_run import REQUIRED_COVERAGE, coverag
 from unified_attn.harness.migration.timing import host_time
 from unified_attn.harness.migration.workload import Workload, engine_kwargs, kv_budget
 from unified_attn.legacy_adapter import LegacyBackendAdapter, resolve_any_backend
+from unified_attn.runner.backend_names import resolve_backend_name
 from unified_attn.runner.engine import LLMEngine
-from unified_attn.runner.model_source import resolve_backend_name
 
 
 def run_migration(

@@ -1,0 +1,113 @@
+"""What rank 0 sends the other tensor-parallel ranks each step, and how they read it.
+
+Rank 0's `Mirror` turns a `SchedulerOutput` into a compact `StepMessage`: the requests the
+other ranks have not seen (`NewRequest`: prompt and sampling parameters), the tokens each
+request gained since the last message, the scheduled entries without their requests (`Entry`),
+and the preempted and finished ids. Every other rank's `Replica` applies the message to its
+copies of the requests and rebuilds the same `SchedulerOutput`. The two stay in step as long
+as every message rank 0 makes is applied, in order, on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from unified_attn.request import Request
+from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
+
+
+@attrs.frozen
+class NewRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: Any
+
+
+@attrs.frozen
+class Entry:
+    """A `ScheduledRequest` without its request."""
+
+    request_id: str
+    num_new_tokens: int
+    num_computed_before: int
+    block_ids: tuple[list[int], ...]
+    is_new: bool
+    will_sample: bool
+    spec_token_ids: tuple[int, ...]
+
+
+@attrs.frozen
+class StepMessage:
+    new: list[NewRequest]
+    tokens: dict[str, list[int]]  # tokens to append to a request's copy
+    entries: list[Entry]
+    preempted_ids: list[str]
+    finished_ids: list[str]
+
+
+class Mirror:
+    """Rank 0's record of the tokens each other rank holds, to send only what is new."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, int] = {}
+
+    def message(self, output: SchedulerOutput) -> StepMessage:
+        preempted = [r.request_id for r in output.preempted]
+        for rid in output.finished_ids:
+            if rid not in preempted:
+                self.sent.pop(rid, None)
+        new, tokens, entries = [], {}, []
+        for s in output.scheduled:
+            request, rid = s.request, s.request.request_id
+            if rid not in self.sent:
+                new.append(NewRequest(rid, request.prompt_token_ids, request.sampling_params))
+                self.sent[rid] = request.num_prompt_tokens
+            if request.num_tokens > self.sent[rid]:
+                tokens[rid] = request.all_token_ids[self.sent[rid] :]
+                self.sent[rid] = request.num_tokens
+            entries.append(
+                Entry(
+                    rid,
+                    s.num_new_tokens,
+                    s.num_computed_before,
+                    s.block_ids,
+                    s.is_new,
+                    s.will_sample,
+                    s.spec_token_ids,
+                )
+            )
+        return StepMessage(new, tokens, entries, preempted, list(output.finished_ids))
+
+
+class Replica:
+    """A rank's copies of the requests, rebuilt into `SchedulerOutput`s from messages."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, Request] = {}
+
+    def output(self, message: StepMessage) -> SchedulerOutput:
+        for rid in message.finished_ids:
+            if rid not in message.preempted_ids:
+                self.requests.pop(rid, None)
+        for new in message.new:
+            self.requests[new.request_id] = Request(
+                new.request_id, new.prompt_token_ids, sampling_params=new.sampling_params
+            )
+        for rid, tokens in message.tokens.items():
+            self.requests[rid].append_output_token_ids(tokens)
+        scheduled = [
+            ScheduledRequest(
+                self.requests[e.request_id],
+                e.num_new_tokens,
+                e.num_computed_before,
+                e.block_ids,
+                e.is_new,
+                e.will_sample,
+                e.spec_token_ids,
+            )
+            for e in message.entries
+        ]
+        preempted = [self.requests[rid] for rid in message.preempted_ids if rid in self.requests]
+        return SchedulerOutput(scheduled, preempted, message.finished_ids)
