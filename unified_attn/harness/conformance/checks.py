@@ -18,6 +18,29 @@ from unified_attn.managers import CrossAttentionManager
 NOT_MEASURABLE = "not measurable on CPU"
 
 
+def cell_result(
+    row: dict[str, Any],
+    reasons: list[str],
+    compare: Callable[[dict[str, str]], tuple[float, str]],
+) -> dict[str, Any]:
+    """A cell's row finished: "unsupported" with the backend's `reasons`, else `compare(checks)`
+    run (it fills the contract `checks` and returns the largest error and where it is): "fail"
+    when it raised, the error exceeds `row["tol"]` or a check failed, else "pass"."""
+    if reasons:
+        return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
+    checks: dict[str, str] = {}
+    failed = []
+    try:
+        row["max_err"], location = compare(checks)
+        if row["max_err"] > row["tol"]:
+            failed.append(f"max error {row['max_err']:.3g} > {row['tol']:g} {location}".rstrip())
+    except Exception as error:  # a crash fails the cell, not the run
+        failed.append(f"raised {type(error).__name__}: {error}")
+    failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
+    return row | {"status": "fail" if failed else "pass", "detail": "; ".join(failed),
+                  "checks": checks}  # fmt: skip
+
+
 def check_cache_config(backend_cls: type[AttentionBackend], cell: AttentionCell) -> str:
     a, b = backend_cls(**cell.backend_kwargs()), backend_cls(**cell.backend_kwargs())
     config = a.get_cache_config()

@@ -24,7 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from unified_attn.backend import AttentionBackend, LayerConfig
-from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
+from unified_attn.harness.conformance.checks import (
+    NOT_MEASURABLE,
+    cell_result,
+    check_in_place,
+    measure_cuda,
+)
 from unified_attn.harness.conformance.driver import bind
 from unified_attn.harness.conformance.steps import GROUP_ID, batch_metadata, random_table
 from unified_attn.selector import SelectorConfig, backend_reasons
@@ -188,20 +193,12 @@ def run_mla_cell(
     tol = MLA_TOL[cell.dtype]
     row: dict[str, Any] = {"cell": cell.name, "type": "mla", "tol": tol, "max_err": None}
     reasons = backend_reasons(backend_cls, cell.selector_config(device))
-    if reasons:
-        return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
-    checks: dict[str, str] = {}
-    failed = []
-    try:
+
+    def checked(checks: dict[str, str]) -> tuple[float, str]:
         checks["cache config pure"] = check_mla_cache_config(backend_cls, cell)
-        row["max_err"] = _compare(backend_cls, cell, device, seed, checks)
-        if row["max_err"] > tol:
-            failed.append(f"max error {row['max_err']:.3g} > {tol:g}")
-    except Exception as error:  # a crash fails the cell, not the run
-        failed.append(f"raised {type(error).__name__}: {error}")
-    failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
-    return row | {"status": "fail" if failed else "pass", "detail": "; ".join(failed),
-                  "checks": checks}  # fmt: skip
+        return _compare(backend_cls, cell, device, seed, checks), ""
+
+    return cell_result(row, reasons, checked)
 
 
 def _compare(backend_cls, cell: MLACell, device: str, seed: int, checks: dict) -> float:

@@ -18,7 +18,7 @@ from unified_attn.harness.conformance.cells import (
     AttentionCell,
     CrossCell,
 )
-from unified_attn.harness.conformance.checks import check_cache_config
+from unified_attn.harness.conformance.checks import cell_result, check_cache_config
 from unified_attn.harness.conformance.fp8 import compare_fp8
 from unified_attn.harness.conformance.invariance import (
     CUDA_INVARIANCE_CELLS,
@@ -52,20 +52,12 @@ def run_cell(
         "max_err": None,
     }
     reasons = backend_reasons(backend_cls, cell.selector_config(device))
-    if reasons:
-        return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
-    checks: dict[str, str] = {}
-    failed = []
-    try:
+
+    def checked(checks: dict[str, str]) -> tuple[float, str]:
         checks["cache config pure"] = check_cache_config(backend_cls, cell)
-        row["max_err"], location = compare(backend_cls, cell, device, seed, checks)
-        if row["max_err"] > row["tol"]:
-            failed.append(f"max error {row['max_err']:.3g} > {row['tol']:g} {location}")
-    except Exception as error:  # a crash fails the cell, not the run
-        failed.append(f"raised {type(error).__name__}: {error}")
-    failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
-    status = "fail" if failed else "pass"
-    return row | {"status": status, "detail": "; ".join(failed), "checks": checks}
+        return compare(backend_cls, cell, device, seed, checks)
+
+    return cell_result(row, reasons, checked)
 
 
 def compare(

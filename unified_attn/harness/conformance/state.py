@@ -24,7 +24,12 @@ from unified_attn.backend import (
     require_cache_config,
 )
 from unified_attn.harness.conformance.cells import LAYER
-from unified_attn.harness.conformance.checks import NOT_MEASURABLE, check_in_place, measure_cuda
+from unified_attn.harness.conformance.checks import (
+    NOT_MEASURABLE,
+    cell_result,
+    check_in_place,
+    measure_cuda,
+)
 from unified_attn.harness.conformance.steps import GROUP_ID, batch_metadata
 from unified_attn.managers import StateManager
 from unified_attn.selector import SelectorConfig, backend_reasons
@@ -87,26 +92,15 @@ def run_state_cell(
         "max_err": None,
     }
     reasons = backend_reasons(backend_cls, cell.selector_config(device))
-    if reasons:
-        return row | {"status": "unsupported", "detail": "; ".join(reasons), "checks": {}}
-    checks: dict[str, str] = {}
-    failed = []
-    try:
+
+    def checked(checks: dict[str, str]) -> tuple[float, str]:
         if torch.device(device).type == "cuda":
             # A state update cannot run twice, so the warm-up (library workspaces, kernel
             # compilation) is a whole throwaway run of the cell before the measured one.
             _compare(backend_cls, cell, device, seed, {})
-        row["max_err"], location = _compare(backend_cls, cell, device, seed, checks)
-        if row["max_err"] > STATE_TOL:
-            failed.append(f"max error {row['max_err']:.3g} > {STATE_TOL:g} {location}")
-    except Exception as error:  # a crash fails the cell, not the run
-        failed.append(f"raised {type(error).__name__}: {error}")
-    failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
-    return row | {
-        "status": "fail" if failed else "pass",
-        "detail": "; ".join(failed),
-        "checks": checks,
-    }
+        return _compare(backend_cls, cell, device, seed, checks)
+
+    return cell_result(row, reasons, checked)
 
 
 def _compare(
