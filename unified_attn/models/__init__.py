@@ -4,7 +4,8 @@ layers attend through shared backend instances."""
 
 from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
 from unified_attn.models.decoder import DecoderModel
-from unified_attn.models.deepseek import DeepseekConfig, DeepseekForCausalLM
+from unified_attn.models.deepseek import DeepseekForCausalLM
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.hf import load_hf_model, supported_architectures
 from unified_attn.models.presets import MLA_PRESETS, PRESETS, V4_PRESETS, get_preset

@@ -12,15 +12,8 @@ mscale_all_dim) ** 2` under YaRN. RoPE pairs: V3 with `rope_interleave` rotates 
 halves (`rotate_half`), V2 rotates pairs in float32 in place (complex multiplication); the scores
 are those of transformers in every case.
 
-MLPs: the first `first_k_dense_replace` layers are dense SwiGLU MLPs, the others DeepSeekMoE:
-routed SwiGLU experts `mlp.experts.{e}`, a shared SwiGLU `mlp.shared_experts` added on every
-token, and a float32 router `mlp.gate`: V3 scores experts with a sigmoid, picks the `topk_group`
-groups whose two best `score + e_score_correction_bias` are largest, the top-k experts of those
-by the same sum, and weights them by their plain scores (renormalised with `norm_topk_prob`);
-V2 takes a softmax and its top-k (`greedy`) or the top-k within the `topk_group` groups of
-largest maximum (`group_limited_greedy`), never renormalised (as transformers). Both multiply
-the weights by `routed_scaling_factor`. Every expert runs on every token (weight 0 where not
-chosen): no data-dependent shapes, no host sync.
+MLPs: the first `first_k_dense_replace` layers are dense SwiGLU MLPs, the others DeepSeekMoE
+(`models/deepseek_moe.py`); the config is `DeepseekConfig` (`models/deepseek_config.py`).
 
 Parameter names are transformers' own, so a `save_pretrained` checkpoint loads as a state dict
 (`load_deepseek` in `models/deepseek_hf.py`); multi-token-prediction layers
@@ -29,136 +22,20 @@ Parameter names are transformers' own, so a `save_pretrained` checkpoint loads a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
-from typing import Any, Literal, cast
+from typing import Any, cast
 
-import attrs
 import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
-from unified_attn.models.config import RopeScaling
+from unified_attn.models.deepseek_config import DeepseekConfig, RopeLayout
+from unified_attn.models.deepseek_moe import DeepseekMoE, DeepseekRouter
 from unified_attn.models.layers import RMSNorm
 from unified_attn.models.mlp import MLP
 from unified_attn.models.rope import rope_attention_scaling, rope_inv_freq, rotate_half
-from unified_attn.utils import optional_positive_int, positive, positive_int
 
-Version = Literal["v2", "v3"]
-Routing = Literal["sigmoid_group_limited", "greedy", "group_limited_greedy"]
-RopeLayout = Literal["interleave", "halves", "pairs"]
 SUB_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm: transformers' default, not rms_norm_eps
-
-
-def _as_eos(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
-
-
-@attrs.frozen(kw_only=True)
-class DeepseekConfig:
-    """Shapes and routing of a DeepSeek-V2/V3 model; field names follow `config.json`."""
-
-    name: str = "deepseek"
-    version: Version = "v3"
-    vocab_size: int = attrs.field(validator=positive_int)
-    hidden_size: int = attrs.field(validator=positive_int)
-    intermediate_size: int = attrs.field(validator=positive_int)  # the dense layers'
-    moe_intermediate_size: int = attrs.field(validator=positive_int)  # each expert's
-    num_layers: int = attrs.field(validator=positive_int)
-    num_heads: int = attrs.field(validator=positive_int)
-    q_lora_rank: int | None = attrs.field(validator=optional_positive_int)
-    kv_lora_rank: int = attrs.field(validator=positive_int)
-    qk_nope_head_dim: int = attrs.field(validator=positive_int)
-    qk_rope_head_dim: int = attrs.field(validator=positive_int)
-    v_head_dim: int = attrs.field(validator=positive_int)
-    n_routed_experts: int = attrs.field(validator=positive_int)
-    n_shared_experts: int = attrs.field(validator=positive_int)
-    num_experts_per_tok: int = attrs.field(validator=positive_int)
-    routing: Routing = "sigmoid_group_limited"
-    n_group: int | None = attrs.field(default=None, validator=optional_positive_int)
-    topk_group: int | None = attrs.field(default=None, validator=optional_positive_int)
-    norm_topk_prob: bool = True
-    routed_scaling_factor: float = attrs.field(default=1.0, validator=positive)
-    first_k_dense_replace: int = 0
-    rms_norm_eps: float = attrs.field(default=1e-6, validator=positive)
-    rope_theta: float = attrs.field(default=10000.0, validator=positive)
-    rope_scaling: RopeScaling | None = None
-    rope_layout: RopeLayout = "interleave"
-    max_position_embeddings: int = attrs.field(default=4096, validator=positive_int)
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    tie_word_embeddings: bool = False
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_eos)
-
-    def __attrs_post_init__(self) -> None:
-        choices = {
-            "version": ("v2", "v3"),
-            "routing": ("sigmoid_group_limited", "greedy", "group_limited_greedy"),
-            "rope_layout": ("interleave", "halves", "pairs"),
-        }
-        for field, valid in choices.items():
-            if getattr(self, field) not in valid:
-                raise ValueError(
-                    f"DeepseekConfig {self.name}: {field} must be one of {valid}, got "
-                    f"{getattr(self, field)!r}"
-                )
-        if self.qk_rope_head_dim % 2:
-            raise ValueError(
-                f"DeepseekConfig {self.name}: RoPE needs an even qk_rope_head_dim, got "
-                f"{self.qk_rope_head_dim}"
-            )
-        if not 0 <= self.first_k_dense_replace <= self.num_layers:
-            raise ValueError(
-                f"DeepseekConfig {self.name}: first_k_dense_replace={self.first_k_dense_replace}"
-                f" is outside [0, num_layers={self.num_layers}]"
-            )
-        self._check_routing()
-
-    def _check_routing(self) -> None:
-        experts, k = self.n_routed_experts, self.num_experts_per_tok
-        if self.routing == "greedy":
-            if k > experts:
-                raise ValueError(
-                    f"DeepseekConfig {self.name}: num_experts_per_tok={k} exceeds "
-                    f"n_routed_experts={experts}"
-                )
-            return
-        groups, chosen = self.n_group, self.topk_group
-        per_group = experts // groups if groups else 0
-        minimum = 2 if self.routing == "sigmoid_group_limited" else 1
-        if not groups or not chosen or experts % groups or chosen > groups or per_group < minimum:
-            raise ValueError(
-                f"DeepseekConfig {self.name}: routing {self.routing!r} needs n_group dividing "
-                f"n_routed_experts={experts} into groups of at least {minimum} experts and "
-                f"1 <= topk_group <= n_group; got n_group={groups}, topk_group={chosen}"
-            )
-        if k > chosen * per_group:
-            raise ValueError(
-                f"DeepseekConfig {self.name}: num_experts_per_tok={k} exceeds the "
-                f"{chosen * per_group} experts of the topk_group={chosen} groups"
-            )
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def latent_size(self) -> int:
-        """Values cached per token and layer: `kv_lora_rank + qk_rope_head_dim`."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def softmax_scale(self) -> float:
-        """`qk_head_dim ** -0.5`, times YaRN's `mscale(factor, mscale_all_dim) ** 2`."""
-        scale = self.qk_head_dim**-0.5
-        scaling = self.rope_scaling
-        if scaling is not None and scaling.mscale_all_dim:
-            mscale = 0.1 * scaling.mscale_all_dim * math.log(scaling.factor) + 1.0
-            scale *= mscale * mscale if scaling.factor > 1 else 1.0
-        return float(scale)
 
 
 # ---- layers -----------------------------------------------------------------------------------
@@ -249,77 +126,6 @@ class MLAAttention(nn.Module):
             self.layer_config, output, q, latent, latent, kv_b_proj=self.kv_b_proj.weight
         )
         return cast(torch.Tensor, self.o_proj(output))
-
-
-class DeepseekRouter(nn.Module):
-    """`mlp.gate`: float32 logits over the experts -> (weights `[T, k]` float32, ids `[T, k]`)."""
-
-    e_score_correction_bias: torch.Tensor | None
-
-    def __init__(self, config: DeepseekConfig) -> None:
-        super().__init__()
-        self.config = config
-        experts = config.n_routed_experts
-        self.weight = nn.Parameter(torch.zeros(experts, config.hidden_size))
-        bias = torch.zeros(experts) if config.version == "v3" else None
-        self.register_buffer("e_score_correction_bias", bias)  # kept in float32
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.config
-        logits = nn.functional.linear(x.float(), self.weight.float())  # [T, E]
-        if cfg.routing == "sigmoid_group_limited":
-            assert self.e_score_correction_bias is not None
-            scores = logits.sigmoid()
-            choice = scores + self.e_score_correction_bias
-            group_scores = _groups(choice, cfg).topk(2, dim=-1).values.sum(-1)  # [T, G]
-            choice = _keep_best_groups(choice, group_scores, cfg, float("-inf"))
-            ids = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False).indices
-            weights = scores.gather(1, ids)
-            if cfg.norm_topk_prob:
-                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-            return weights * cfg.routed_scaling_factor, ids
-        scores = logits.softmax(dim=-1)
-        if cfg.routing == "group_limited_greedy":
-            scores = _keep_best_groups(scores, _groups(scores, cfg).amax(-1), cfg, 0.0)
-        weights, ids = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
-        return weights * cfg.routed_scaling_factor, ids
-
-
-def _groups(scores: torch.Tensor, cfg: DeepseekConfig) -> torch.Tensor:
-    """`[T, E]` -> `[T, n_group, E / n_group]`."""
-    assert cfg.n_group is not None
-    return scores.view(scores.shape[0], cfg.n_group, -1)
-
-
-def _keep_best_groups(
-    scores: torch.Tensor, group_scores: torch.Tensor, cfg: DeepseekConfig, fill: float
-) -> torch.Tensor:
-    """`scores [T, E]` with the experts outside the `topk_group` best groups set to `fill`."""
-    assert cfg.topk_group is not None
-    best = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
-    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-    keep = keep[:, :, None].expand_as(_groups(scores, cfg)).reshape(scores.shape)
-    return scores.masked_fill(~keep, fill)
-
-
-class DeepseekMoE(nn.Module):
-    """Routed experts (weighted, added in expert order as transformers) plus the shared ones."""
-
-    def __init__(self, config: DeepseekConfig) -> None:
-        super().__init__()
-        hidden, inter = config.hidden_size, config.moe_intermediate_size
-        self.gate = DeepseekRouter(config)
-        self.experts = nn.ModuleList(MLP(hidden, inter) for _ in range(config.n_routed_experts))
-        shared = inter * config.n_shared_experts
-        self.shared_experts = MLP(hidden, shared, bias=config.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
-        out = torch.zeros_like(x)
-        for index, expert in enumerate(self.experts):
-            weight = (weights * (ids == index)).sum(-1, keepdim=True)  # [T, 1], 0: not chosen
-            out += (expert(x) * weight).to(x.dtype)
-        return out + self.shared_experts(x)
 
 
 class DeepseekDecoderLayer(nn.Module):

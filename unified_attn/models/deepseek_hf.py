@@ -13,7 +13,8 @@ from typing import Any, cast
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models.deepseek import DeepseekConfig, DeepseekForCausalLM, Version
+from unified_attn.models.deepseek import DeepseekForCausalLM
+from unified_attn.models.deepseek_config import DeepseekConfig, Version
 from unified_attn.models.hf_config import HFConfig, mla_version, read_hf_config
 from unified_attn.models.hf_rope import rope_fields
 

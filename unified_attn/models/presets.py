@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
-from unified_attn.models.deepseek import DeepseekConfig
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config
 
 # Byte tokenizer layout shared by the presets: ids 0..255 are bytes, then the specials.

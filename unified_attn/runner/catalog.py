@@ -19,7 +19,7 @@ from unified_attn.models import (
     get_preset,
     supported_architectures,
 )
-from unified_attn.models.deepseek import DeepseekConfig
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config
 from unified_attn.runner.backend_names import backend_classes
 from unified_attn.runner.model_source import DEFAULT_MODEL, default_dtype

@@ -27,7 +27,8 @@ from unified_attn.models import (
 )
 from unified_attn.models.bart import BartConfig
 from unified_attn.models.bert import BertConfig
-from unified_attn.models.deepseek import DeepseekConfig, DeepseekForCausalLM
+from unified_attn.models.deepseek import DeepseekForCausalLM
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_hf import deepseek_config_from_hf, load_deepseek
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf, load_deepseek_v4
