@@ -73,11 +73,11 @@ from unified_attn.backends.deepseek_v4_compressed import (
     LightningIndexerBackend,
 )
 from unified_attn.backends.deepseek_v4_steps import (
+    attend_rows,
     block_size_of,
     check_tensor,
     group_ids,
     host_table,
-    partial_attention,
     step_layout,
     table_lookup,
     write_rows,
@@ -117,6 +117,8 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
     compressed_cls: ClassVar[type[AttentionBackend]] = CompressedAttentionBackend
     indexer_cls: ClassVar[type[AttentionBackend]] = LightningIndexerBackend
     compressor_cls: ClassVar[type[AttentionBackend]] = CompressorStateBackend
+    # the attention over each token's window rows (a kernel backend replaces it)
+    attend_rows = staticmethod(attend_rows)
 
     def __init__(self, *, num_kv_heads: int = 1, **kwargs: Any) -> None:
         super().__init__(num_kv_heads=num_kv_heads, **kwargs)
@@ -194,9 +196,9 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
         cache = self.kv_caches[layer.name]  # [num_blocks, block_size, D]
         rows = index.write_rows
         write_rows(cache, index.write_blocks, index.write_offsets, key[rows])
-        keys = cache[index.key_blocks, index.key_offsets]  # [T, W, D]
         out = output.view(n, heads, width)
-        partial_attention(query, keys, index.key_valid, layer.scale, out, lse)
+        self.attend_rows(query, cache, index.key_blocks, index.key_offsets, index.key_valid,
+                         layer.scale, out, lse)  # fmt: skip
         return output
 
     def check_layer(self, layer: LayerConfig) -> None:

@@ -25,12 +25,12 @@ from unified_attn.backend import (
 )
 from unified_attn.backends.deepseek_v4_steps import (
     StepLayout,
+    attend_rows,
     block_size_of,
     check_tensor,
     closing_windows,
     group_ids,
     host_table,
-    partial_attention,
     step_layout,
     table_lookup,
     write_rows,
@@ -296,6 +296,8 @@ class CompressedAttentionBackend(_CompressedCacheBackend):
     ones, or those a top-k selection names), as a partial softmax the model merges."""
 
     name = "deepseek-v4-compressed"
+    # the attention over each token's entry rows (a kernel backend replaces it)
+    attend_rows = staticmethod(attend_rows)
 
     def forward(
         self,
@@ -317,21 +319,33 @@ class CompressedAttentionBackend(_CompressedCacheBackend):
         if lse is None:
             raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
         check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
-        keys, index = self._entries(layer, key, plan)
-        visible = index.visible
+        index = plan.groups[self.group_of_layer[layer.name]]
+        cache = self.kv_caches[layer.name]
+        write_rows(cache, index.write_blocks, index.write_offsets, key)
         if topk is not None:
             check_tensor(layer, "topk", topk, (n, -1), torch.int64, query.device)
-            visible = visible & selected(topk, plan.num_entries)
+        blocks, offsets, visible = entry_rows(index, plan.num_entries, topk)
         out = output.view(n, heads, width)
-        partial_attention(query, keys, visible, layer.scale, out, lse)
+        self.attend_rows(query, cache, blocks, offsets, visible, layer.scale, out, lse)
         return output
 
 
-def selected(topk: torch.Tensor, num_entries: int) -> torch.Tensor:
-    """`[T, E]` bool: True at the entries `topk [T, k]` names (-1 names none)."""
-    rows = torch.zeros(topk.shape[0], num_entries + 1, dtype=torch.bool, device=topk.device)
-    picks = torch.where(topk >= 0, topk, num_entries).clamp(max=num_entries)
-    return rows.scatter_(1, picks, True)[:, :num_entries]
+def entry_rows(
+    index: EntryIndex, num_entries: int, topk: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each token's compressed rows `(blocks, offsets, visible)`, `[T, S]`: every entry of its
+    request (S = E), or the entries `topk [T, k]` names (S = k; -1 names none, a repeat is
+    dropped)."""
+    blocks = index.read_blocks[index.request]
+    # read_offsets broadcasts over requests (entry e sits at the same offset in each)
+    offsets = index.read_offsets.expand_as(index.read_blocks)[index.request]
+    if topk is None or num_entries == 0:
+        return blocks, offsets, index.visible
+    names = topk.sort(dim=1).values  # an entry named twice is seen once: drop the repeats
+    named = (names >= 0) & (names < num_entries)
+    named[:, 1:] &= names[:, 1:] != names[:, :-1]
+    picks = names.clamp(0, num_entries - 1)
+    return blocks.gather(1, picks), offsets.gather(1, picks), named & index.visible.gather(1, picks)
 
 
 class LightningIndexerBackend(_CompressedCacheBackend):

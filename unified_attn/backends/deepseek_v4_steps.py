@@ -121,6 +121,23 @@ def partial_attention(
     lse.copy_(row_lse)
 
 
+def attend_rows(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> None:
+    """`partial_attention` of q `[T, H, D]` over each token's own cache rows
+    `cache[blocks[t, s], offsets[t, s]]` where `visible [T, S]`: the attention the `swa` and
+    `compressed` users run, and the seam a kernel backend replaces (same signature:
+    `triton.v4_ops.gathered_attention`)."""
+    partial_attention(q, cache[blocks, offsets], visible, scale, out, lse)
+
+
 def check_tensor(
     layer: LayerConfig,
     what: str,

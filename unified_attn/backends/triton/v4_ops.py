@@ -34,14 +34,14 @@ def gathered_attention(
     cache: torch.Tensor,
     blocks: torch.Tensor,
     offsets: torch.Tensor,
-    valid: torch.Tensor,
+    visible: torch.Tensor,
     scale: float,
     out: torch.Tensor,
     lse: torch.Tensor,
     config: GatherConfig | None = None,
 ) -> None:
     """Attention of `q [T, H, D]` over the cache rows `cache[blocks[t, s], offsets[t, s]]`
-    (`[num_blocks, block_size, D]`; key = value) where `valid [T, S]` (bool): the normalised
+    (`[num_blocks, block_size, D]`; key = value) where `visible [T, S]` (bool): the normalised
     output into `out [T, H, D]` (q's dtype) and the log-sum-exp of the visible scores into
     `lse [T, H]` (float32; -inf and a zero output for a token that sees no row). Same result as
     `deepseek_v4_steps.partial_attention` over the gathered rows. `config` overrides
@@ -59,10 +59,10 @@ def gathered_attention(
         )
     if width < 16 or width & (width - 1):
         raise ValueError(f"gathered attention: head size {width} is not a power of two >= 16")
-    lists = (blocks, offsets, valid)
+    lists = (blocks, offsets, visible)
     if any(t.shape != blocks.shape or t.dim() != 2 or t.shape[0] != num_tokens for t in lists):
         raise ValueError(
-            f"gathered attention: blocks, offsets and valid must be [{num_tokens}, S], got "
+            f"gathered attention: blocks, offsets and visible must be [{num_tokens}, S], got "
             f"{[tuple(t.shape) for t in lists]}"
         )
     if out.shape != q.shape or lse.shape != (num_tokens, num_heads) or lse.dtype != torch.float32:
@@ -73,7 +73,7 @@ def gathered_attention(
     if num_tokens == 0:
         return
     blocks, offsets = blocks.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
-    valid = valid.contiguous().view(torch.uint8)
+    valid = visible.contiguous().view(torch.uint8)
     q = q if q.stride(-1) == 1 else q.contiguous()
     cfg = config or gather_config(width, num_heads)
     grid = (num_tokens, triton.cdiv(num_heads, cfg.heads))
