@@ -136,21 +136,31 @@ def gpu_ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
 
 
-def prefill_launch(length: int, **kwargs: Any) -> tuple[torch.Tensor, Callable[[], Any]]:
-    """One causal bf16 prefill of `length` tokens through the Triton kernel, on random data in a
-    randomly permuted paged cache: the queries and the launch (`kwargs` go to the kernel)."""
+def prefill_launch(
+    length: int, *, page: int = PAGE, context: int = 0, **kwargs: Any
+) -> tuple[torch.Tensor, Callable[[], Any]]:
+    """One causal bf16 prefill of `length` tokens after `context` cached ones (a chunked
+    prefill) through the Triton kernel, on random data in a randomly permuted paged cache of
+    `page`-token pages: the queries and the launch (`kwargs` go to the kernel)."""
     from unified_attn.backends.triton import ops
 
-    nb = length // PAGE + 1
-    cache = torch.randn(nb + 1, 2, PAGE, HKV, HEAD, device="cuda", dtype=torch.bfloat16)
+    keys = context + length
+    nb = keys // page + 1
+    cache = torch.randn(nb + 1, 2, page, HKV, HEAD, device="cuda", dtype=torch.bfloat16)
     block_table = (torch.randperm(nb, device="cuda").to(torch.int32) + 1)[None]
     q = torch.randn(length, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
     out = torch.empty_like(q)
     qsl = torch.tensor([0, length], dtype=torch.int32, device="cuda")
-    seq = torch.tensor([length], dtype=torch.int32, device="cuda")
+    seq = torch.tensor([keys], dtype=torch.int32, device="cuda")
     launch = functools.partial(
         ops.unified_attention, q, cache[:, 0], cache[:, 1], out, query_start_loc=qsl,
         seq_lens=seq, block_table=block_table, num_seqs=1, max_query_len=length,
         scale=HEAD**-0.5, **kwargs,
     )  # fmt: skip
     return q, launch
+
+
+def prefill_flops(length: int, context: int = 0) -> float:
+    """Causal attention FLOPs of `length` queries after `context` keys: 4 * Hq * D per visible
+    (query, key) pair."""
+    return 4 * HQ * HEAD * (length * context + length * (length + 1) / 2)

@@ -1,9 +1,11 @@
 """Sweep the Triton kernel's prefill tile configuration on the GPU (causal, 32q/8kv/d128, bf16).
 
-    python benchmarks/tune_prefill.py [--lens 8192] [--out DIR]
+    python benchmarks/tune_prefill.py [--lens 8192] [--pages 16,64] [--chunk 512x32768]
+                                      [--out DIR]
 
-Prints TFLOP/s per (BLOCK_M, TILE, num_warps, num_stages) next to SDPA flash measured in the
-same run, and writes `DIR/tune_prefill.json`.
+Prints TFLOP/s per (BLOCK_M, TILE, num_warps, num_stages) and page size next to SDPA flash
+measured in the same run (on the same number of queries and keys), and writes
+`DIR/tune_prefill.json`. `--chunk QxC` adds a chunked prefill: Q queries after C cached keys.
 """
 
 from __future__ import annotations
@@ -13,45 +15,94 @@ import functools
 import itertools
 
 import torch
-from common import HEAD, HKV, HQ, add_out_argument, gpu_ms, output_dir, prefill_launch, write_json
+from common import (
+    HEAD,
+    HKV,
+    add_out_argument,
+    gpu_ms,
+    output_dir,
+    prefill_flops,
+    prefill_launch,
+    write_json,
+)
 
 from unified_attn.backends.triton import ops
 
+SHIPPED = ops.tile_config
+CONFIGS = list(itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)))
 
-def fixed(cfg: ops.TileConfig, *_args: object) -> ops.TileConfig:
+
+def fixed(cfg: ops.TileConfig, *_args: object, **_kwargs: object) -> ops.TileConfig:
     return cfg
+
+
+def flash_tflops(q: torch.Tensor, context: int) -> float:
+    """SDPA flash on the same queries over `context` + `len(q)` dense keys (causal, bottom-right
+    aligned for a chunk, as ours)."""
+    length = q.shape[0]
+    qh = q.transpose(0, 1)[None]
+    kh = torch.randn(1, HKV, context + length, HEAD, device="cuda", dtype=torch.bfloat16)
+    if context:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(length, context + length)
+        sdpa = functools.partial(
+            torch.nn.functional.scaled_dot_product_attention, qh, kh, kh, attn_mask=mask,
+            enable_gqa=True,
+        )  # fmt: skip
+    else:
+        sdpa = functools.partial(
+            torch.nn.functional.scaled_dot_product_attention, qh, kh, kh, is_causal=True,
+            enable_gqa=True,
+        )  # fmt: skip
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        return prefill_flops(length, context) / gpu_ms(sdpa) / 1e9
+
+
+def sweep(length: int, context: int, page: int, flash: float) -> list[dict]:
+    rows = []
+    flops = prefill_flops(length, context)
+    ops.tile_config = SHIPPED
+    _, shipped_launch = prefill_launch(length, page=page, context=context)
+    shipped = flops / gpu_ms(shipped_launch) / 1e9
+    print(f"L={length} context={context} page={page}: shipped {shipped:.1f} TFLOP/s, SDPA "
+          f"flash {flash:.1f} ({shipped / flash:.2f}x)", flush=True)  # fmt: skip
+    for bm, tile, warps, stages in CONFIGS:
+        cfg = ops.TileConfig(bm, tile, warps, stages)
+        ops.tile_config = functools.partial(fixed, cfg)
+        try:
+            tflops = flops / gpu_ms(shipped_launch) / 1e9
+        except Exception as error:  # out of resources etc.
+            tflops = float("nan")
+            print(f"  {cfg}: {type(error).__name__}", flush=True)
+        rows.append({"len": length, "context": context, "page": page, "block_m": bm,
+                     "tile": tile, "warps": warps, "stages": stages, "tflops": tflops,
+                     "shipped_tflops": shipped, "flash_tflops": flash})  # fmt: skip
+        print(f"  BLOCK_M={bm} TILE={tile} warps={warps} stages={stages}: {tflops:.1f} "
+              f"({tflops / flash:.2f}x flash)", flush=True)  # fmt: skip
+    ops.tile_config = SHIPPED
+    best = max(rows, key=lambda r: r["tflops"] if r["tflops"] == r["tflops"] else -1)
+    print(f"  best {best}", flush=True)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lens", default="8192")
+    parser.add_argument("--pages", default="16,64")
+    parser.add_argument("--chunk", default="", help="QxC: Q queries after C cached keys")
     add_out_argument(parser)
     args = parser.parse_args()
+    cases = [(int(x), 0) for x in args.lens.split(",") if x]
+    if args.chunk:
+        q, c = (int(x) for x in args.chunk.split("x"))
+        cases.append((q, c))
     rows = []
-    for length in [int(x) for x in args.lens.split(",")]:
-        q, ours = prefill_launch(length)
-        flops = 4 * HQ * HEAD * length * (length + 1) / 2
-        qh = q.transpose(0, 1)[None]
-        kh = torch.randn(1, HKV, length, HEAD, device="cuda", dtype=torch.bfloat16)
-        sdpa = functools.partial(
-            torch.nn.functional.scaled_dot_product_attention, qh, kh, kh, is_causal=True,
-            enable_gqa=True,
-        )  # fmt: skip
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-            flash = flops / gpu_ms(sdpa) / 1e9
-        print(f"L={length} SDPA flash {flash:.1f} TFLOP/s", flush=True)
-        for bm, tile, warps, stages in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)):
-            cfg = ops.TileConfig(bm, tile, warps, stages)
-            ops.tile_config = functools.partial(fixed, cfg)
-            try:
-                tflops = flops / gpu_ms(ours) / 1e9
-            except Exception as error:  # out of resources etc.
-                tflops = float("nan")
-                print(f"  {cfg}: {type(error).__name__}", flush=True)
-            rows.append({"len": length, "block_m": bm, "tile": tile, "warps": warps,
-                         "stages": stages, "tflops": tflops, "flash_tflops": flash})  # fmt: skip
-            print(f"  BLOCK_M={bm} TILE={tile} warps={warps} stages={stages}: {tflops:.1f} "
-                  f"({tflops / flash:.2f}x flash)", flush=True)  # fmt: skip
+    for length, context in cases:
+        q, _ = prefill_launch(length, page=16, context=context)
+        flash = flash_tflops(q, context)
+        for page in (int(x) for x in args.pages.split(",")):
+            rows += sweep(length, context, page, flash)
     write_json(output_dir(args) / "tune_prefill.json", rows, indent=1)
 
 

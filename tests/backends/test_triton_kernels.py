@@ -13,8 +13,11 @@ from tests.backends.batch import fill_cached_tokens, make_batch
 from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import attend
 from unified_attn.backends.triton.ops import (
+    MAX_SEGMENTS,
     SplitPlan,
     SplitScratch,
+    max_split_rows,
+    plan_split,
     unified_attention,
     write_kv_cache,
 )
@@ -37,7 +40,7 @@ def strided_caches(num_blocks, block_size, num_kv_heads, head_size, dtype):
 
 def run_case(
     *, hq, hkv, d, bs, computed, new, dtype, window=None, chunk=None, soft_cap=None,
-    sinks=False, split=None, seed=0, sink_tokens=0,
+    sinks=False, split=None, seed=0, sink_tokens=0, batch_invariant=False,
 ):  # fmt: skip
     torch.manual_seed(seed)
     num_blocks = sum(-(-(c + n) // bs) for c, n in zip(computed, new, strict=True)) + 8
@@ -64,6 +67,7 @@ def run_case(
         block_table=batch.block_table, num_seqs=len(new), max_query_len=max(new),
         scale=layer.scale, window=window, chunk=chunk, soft_cap=soft_cap, sinks=sink_t,
         split=split, scratch=SplitScratch(), sink_tokens=sink_tokens,
+        batch_invariant=batch_invariant,
     )  # fmt: skip
     start = 0
     for i, (c, n) in enumerate(zip(computed, new, strict=True)):
@@ -183,3 +187,31 @@ def test_separate_k_and_v_tensors_give_the_same_output():
     shared = unified_attention(q, k_cache, v_cache, torch.empty_like(q), **meta)
     separate = unified_attention(q, k_cache.clone(), v_cache.clone(), torch.empty_like(q), **meta)
     torch.testing.assert_close(shared, separate, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"] if GPU else ["cpu"])
+def test_split_plans_fit_the_scratch_sized_for_captured_graphs(device):
+    # A captured graph keeps the scratch's address: no later plan may need more rows.
+    dev = torch.device(device)
+    for hq, hkv in [(32, 8), (64, 8), (8, 1), (16, 16)]:
+        worst = max_split_rows(hq, hkv, dev)
+        for reqs in range(1, 300):
+            plan = plan_split(max_query_len=1, max_seq_len=40_000, num_reqs=reqs,
+                              num_kv_heads=hkv, device=dev)  # fmt: skip
+            if plan is None:
+                continue
+            assert reqs * hq * plan.num_segments <= worst, (hq, hkv, reqs, plan)
+            assert plan.segment % 128 == 0 and plan.segment * plan.num_segments >= 40_000
+            assert plan.num_segments <= MAX_SEGMENTS
+
+
+def test_only_short_decode_batches_split():
+    cpu = torch.device("cpu")  # 4 "SMs" under the interpreter: 8 programs fill it
+    assert plan_split(max_query_len=2, max_seq_len=9000, num_reqs=1, num_kv_heads=1,
+                      device=cpu) is None  # fmt: skip
+    assert plan_split(max_query_len=1, max_seq_len=1000, num_reqs=1, num_kv_heads=1,
+                      device=cpu) is None  # fmt: skip
+    assert plan_split(max_query_len=1, max_seq_len=9000, num_reqs=8, num_kv_heads=1,
+                      device=cpu) is None  # fmt: skip
+    assert plan_split(max_query_len=1, max_seq_len=9000, num_reqs=1, num_kv_heads=1,
+                      device=cpu) == SplitPlan(8, 1152)

@@ -34,9 +34,9 @@ from unified_attn.backends.kv_quant import (
     step_writes_keys,
 )
 from unified_attn.backends.triton.ops import (
-    MAX_SEGMENTS,
     SplitPlan,
     SplitScratch,
+    max_split_rows,
     plan_split,
     platform_reasons,
     unified_attention,
@@ -143,7 +143,8 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         rows = common.num_actual_tokens * self.max_num_heads
         if for_cudagraph_capture:
             # A captured graph keeps the scratch's address: size it for any later decode step.
-            self.scratch.ensure(rows, MAX_SEGMENTS, head_pad, common.positions.device)
+            worst = max_split_rows(self.max_num_heads, self.num_kv_heads, common.positions.device)
+            self.scratch.ensure(worst, 1, head_pad, common.positions.device)
         elif split is not None:
             self.scratch.ensure(rows, split.num_segments, head_pad, common.positions.device)
 

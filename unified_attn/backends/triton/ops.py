@@ -28,8 +28,17 @@ class SplitPlan:
     segment: int
 
 
-MAX_SEGMENTS = 16
+MAX_SEGMENTS = 32
 SPLIT_MIN_SEQ_LEN = 1024  # shorter decode batches are never worth the merge launch
+SEGMENT_ROUND = 128  # segment lengths are whole decode tiles
+
+
+def _num_segments(programs: int, target: int) -> int:
+    """Segments per (request, KV head) that bring `programs` to about `target` (a power of
+    two, at most `MAX_SEGMENTS`); 1 when they already fill it."""
+    if programs >= target:
+        return 1
+    return min(MAX_SEGMENTS, triton.next_power_of_2(cdiv(target, programs)))
 
 
 def plan_split(
@@ -37,15 +46,26 @@ def plan_split(
 ) -> SplitPlan | None:
     """Split-KV for decode batches (one query token per request) whose `num_reqs *
     num_kv_heads` programs would under-fill the GPU: enough segments (a power of two, at most
-    `MAX_SEGMENTS`) for two programs per SM, each a multiple of 64 keys."""
+    `MAX_SEGMENTS`) for two programs per SM, each a whole number of 128-key tiles (H100 sweep,
+    `benchmarks/kernel_targets.py --sweep`: batch 1 at 32k runs 2.2 TB/s with 32 segments of
+    1024 keys, 1.6 with 16 of 64-key tiles)."""
     if max_query_len != 1 or max_seq_len < SPLIT_MIN_SEQ_LEN:
         return None
-    programs = num_reqs * num_kv_heads
-    target = 2 * num_multiprocessors(device)
-    if programs >= target:
+    segments = _num_segments(num_reqs * num_kv_heads, 2 * num_multiprocessors(device))
+    if segments == 1:
         return None
-    segments = min(MAX_SEGMENTS, triton.next_power_of_2(cdiv(target, programs)))
-    return SplitPlan(segments, cdiv(cdiv(max_seq_len, segments), 64) * 64)
+    return SplitPlan(segments, cdiv(cdiv(max_seq_len, segments), SEGMENT_ROUND) * SEGMENT_ROUND)
+
+
+def max_split_rows(num_q_heads: int, num_kv_heads: int, device: torch.device) -> int:
+    """The most split-KV scratch rows (token x query head x segment) any plan of
+    `plan_split` asks for: only batches of fewer than `2 * SMs / num_kv_heads` decode
+    requests split, into fewer segments the more requests there are."""
+    target = 2 * num_multiprocessors(device)
+    return max(
+        reqs * num_q_heads * _num_segments(reqs * num_kv_heads, target)
+        for reqs in range(1, cdiv(target, num_kv_heads) + 1)
+    )
 
 
 def interpreter_on() -> bool:
@@ -81,21 +101,40 @@ class TileConfig:
 
 
 def tile_config(
-    qpk: int, head_size: int, max_query_len: int, dtype: torch.dtype, fp8: bool = False
+    qpk: int,
+    head_size: int,
+    max_query_len: int,
+    dtype: torch.dtype,
+    fp8: bool = False,
+    block_size: int = 16,
+    batch_invariant: bool = False,
+    split: bool = False,
 ) -> TileConfig:
-    """Prefill-shaped batches get large query tiles; decode gets the smallest that packs all the
-    query heads of a KV head. An fp8 cache's decode reads 128 keys per iteration in 3 stages:
-    the same bytes in flight as 64 bf16 keys (H100 sweep, `benchmarks/tune_decode.py`: 2.35
-    TB/s of fp8 bytes at batch 64 / 32k against 1.68 with the bf16 tile)."""
+    """Tiles measured on an H100 (bf16, 32q/8kv/d128): decode by `benchmarks/kernel_targets.py
+    --sweep` and `tune_decode.py`, prefill by `tune_prefill.py` (24 shapes at 8k and at 512
+    queries over 32k keys).
+
+    * Decode packs the query heads of a KV head into the fewest rows (16). Split-KV launches
+      (small batches) and fp8 caches read 128 keys per iteration in 3 stages (batch 1 / 32k:
+      2.2 TB/s against 1.6 with 64 keys in 2 stages; fp8 at batch 64 / 32k: 2.35 TB/s of fp8
+      bytes against 1.68); unsplit bf16 batches keep 64 keys in 2 stages, whose smaller shared
+      memory leaves room for two programs per SM (batch 64 / 32k: 3.02 TB/s against 2.72).
+    * Prefill: pages of 64+ tokens take 64 x 64 with 4 warps, one page per key tile (402 and
+      383 TFLOP/s); 16-token pages 128 x 128 with 8 warps and 3 stages (338 and 311).
+    * float32 and heads over 128 keep smaller tiles: those would not fit shared memory.
+    * Batch-invariant mode keeps the 64 x 32 tile it was measured with for every row: its
+      tiles depend on the layer only, never on the batch."""
     heads = triton.next_power_of_2(qpk)
+    small_elements = fp8 or dtype.itemsize <= 2
+    if batch_invariant or (max_query_len > 1 and (head_size > 128 or not small_elements)):
+        return TileConfig(max(64 if head_size <= 128 else 32, heads), 32, 4, 2)
     if max_query_len <= 1:
-        if fp8 and head_size <= 128:
+        if head_size <= 128 and (fp8 or (split and small_elements)):
             return TileConfig(max(16, heads), 128, 4, 3)
         return TileConfig(max(16, heads), 64 if head_size <= 128 else 32, 4, 2)
-    # Measured on an H100 (benchmarks/tune_prefill.py, 8k causal, d128): 64 x 32 with 4 warps
-    # was the best of 24 shapes.
-    block_m = max(64 if head_size <= 128 else 32, heads)
-    return TileConfig(block_m, 32, 4, 2)
+    if block_size % 64 == 0:
+        return TileConfig(max(64, heads), 64, 4, 2)
+    return TileConfig(max(128, heads), 128, 8, 3)
 
 
 def _check_cache(name: str, cache: torch.Tensor, num_kv_heads: int, head_size: int) -> None:
@@ -243,7 +282,10 @@ def unified_attention(
     qpk = num_q_heads // num_kv_heads
     if batch_invariant and split is not None:
         raise ValueError("batch-invariant attention cannot split the KV loop by batch shape")
-    cfg = tile_config(qpk, head_size, 2 if batch_invariant else max_query_len, q.dtype, fp8)
+    cfg = tile_config(
+        qpk, head_size, max_query_len, q.dtype, fp8, k_cache.shape[1], batch_invariant,
+        split is not None and split.num_segments > 1,
+    )
     head_pad = max(16, triton.next_power_of_2(head_size))
     block_m = max(cfg.block_m, triton.next_power_of_2(qpk))
     block_q = block_m // qpk
@@ -280,7 +322,7 @@ def unified_attention(
         USE_SINKS=sinks is not None, USE_ALIBI=alibi_slopes is not None,
         USE_SOFTCAP=bool(soft_cap), NUM_SEGMENTS=num_segments,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        SHARED_KV_OFFSETS=shared_offsets, FP8_KV=fp8,
+        SHARED_KV_OFFSETS=shared_offsets, FP8_KV=fp8, SPLIT_MASKING=not batch_invariant,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if num_segments > 1:

@@ -38,6 +38,97 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
+LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in log2 units: exp2 is one instruction
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
+    tile_start, lo, hi, seq, kv_head, k_cache_ptr, v_cache_ptr, block_table_ptr, v_minus_k,
+    soft_cap, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh,
+    stride_vd, stride_bt,
+    MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
+    SINK_TOKENS: tl.constexpr, USE_ALIBI: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SHARED_KV_OFFSETS: tl.constexpr, FP8_KV: tl.constexpr,
+    PAGE_TILES: tl.constexpr,
+):  # fmt: skip
+    """One key tile `[tile_start, tile_start + TILE)` of the online softmax. MASKED tiles check
+    every key against `[lo, hi)` and every (row, key) pair against the causal / window / chunk
+    rules; unmasked tiles are ones every row of the program sees whole (no compare, no select,
+    no load mask). PAGE_TILES: the tile lies inside one page, so one block-table entry and the
+    loop-invariant offsets `k_inv` / `v_inv` address it."""
+    key_pos = tile_start + offs_t
+    key_valid = (key_pos >= lo) & (key_pos < hi)
+    if PAGE_TILES:
+        block = tl.load(block_table_ptr + seq * stride_bt + tile_start // BLOCK_SIZE).to(tl.int64)
+        slot0 = tile_start % BLOCK_SIZE
+        k_ptrs = k_cache_ptr + (block * stride_kb + slot0 * stride_ks + kv_head * stride_kh) + k_inv
+        if SHARED_KV_OFFSETS:
+            v_ptrs = k_ptrs + v_minus_k
+        else:
+            v_base = block * stride_vb + slot0 * stride_vs + kv_head * stride_vh
+            v_ptrs = v_cache_ptr + v_base + v_inv
+    else:
+        block = tl.load(
+            block_table_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_valid, other=0
+        ).to(tl.int64)
+        slot = key_pos % BLOCK_SIZE
+        k_row = block * stride_kb + slot * stride_ks + kv_head * stride_kh
+        k_ptrs = k_cache_ptr + k_row[:, None] + dims[None, :] * stride_kd
+        if SHARED_KV_OFFSETS:  # the halves of one page: V's addresses are K's + a constant
+            v_ptrs = k_ptrs + v_minus_k
+        else:
+            v_row = block * stride_vb + slot * stride_vs + kv_head * stride_vh
+            v_ptrs = v_cache_ptr + v_row[:, None] + dims[None, :] * stride_vd
+    if MASKED:
+        kv_mask = key_valid[:, None] & dim_valid[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+    elif HEAD_PAD != HEAD_SIZE:
+        k = tl.load(k_ptrs, mask=dim_valid[None, :], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    if FP8_KV:
+        k = k.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * row_factor[:, None]
+    if USE_SOFTCAP or USE_ALIBI:  # row_factor left the scores in natural-log units
+        if USE_SOFTCAP:
+            # c * tanh(s / c), overflow-safe: tanh(x) = 1 - 2 / (exp(2x) + 1)
+            s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
+        if USE_ALIBI:
+            s += slope[:, None] * (key_pos[None, :] - q_pos[:, None]).to(tl.float32)
+        s = s * LOG2E
+    if MASKED:
+        visible = key_valid[None, :]
+        if CAUSAL:
+            visible &= key_pos[None, :] <= q_pos[:, None]
+        if WINDOW > 0:
+            in_window = q_pos[:, None] - key_pos[None, :] < WINDOW
+            if not CAUSAL:
+                in_window &= key_pos[None, :] - q_pos[:, None] < WINDOW
+            visible &= in_window | (key_pos[None, :] < SINK_TOKENS)
+        if CHUNK > 0:
+            visible &= key_pos[None, :] // CHUNK == q_pos[:, None] // CHUNK
+        s = tl.where(visible, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # fully masked rows stay finite
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if MASKED:
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+    elif HEAD_PAD != HEAD_SIZE:
+        v = tl.load(v_ptrs, mask=dim_valid[None, :], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    if FP8_KV:
+        v = v.to(q.dtype)
+    acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
 @triton.jit
 def unified_attention_kernel(
     out_ptr,  # [T, Hq, D]
@@ -51,7 +142,7 @@ def unified_attention_kernel(
     alibi_ptr,  # [Hq] float32 or dummy
     kv_scales_ptr,  # [2] float32 (k_scale, v_scale) of an fp8 cache, else a dummy
     seg_acc_ptr,  # [T, Hq, NUM_SEGMENTS, HEAD_PAD] float32 (split-KV only)
-    seg_max_ptr,  # [T, Hq, NUM_SEGMENTS]
+    seg_max_ptr,  # [T, Hq, NUM_SEGMENTS] (log2 units)
     seg_sum_ptr,  # [T, Hq, NUM_SEGMENTS]
     scale,
     soft_cap,
@@ -90,6 +181,7 @@ def unified_attention_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact float32 dots, else "tf32"
     SHARED_KV_OFFSETS: tl.constexpr,  # V = K's offsets + v_minus_k (same strides, one storage)
     FP8_KV: tl.constexpr,  # the caches are float8 e4m3: dequantize with the scales
+    SPLIT_MASKING: tl.constexpr,  # False: mask every tile (batch-invariant mode)
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -156,6 +248,7 @@ def unified_attention_kernel(
         # The sink is a virtual key with no value: the running max starts at its logit and
         # the running sum at exp(0) = 1.
         m_i = tl.load(sinks_ptr + head, mask=row_valid, other=float("-inf")).to(tl.float32)
+        m_i = m_i * LOG2E
         l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -164,85 +257,88 @@ def unified_attention_kernel(
     qk_scale = scale
     if FP8_KV:
         qk_scale = scale * tl.load(kv_scales_ptr)
+    if not (USE_SOFTCAP or USE_ALIBI):
+        qk_scale = qk_scale * LOG2E  # straight to log2 units
     # bf16 queries over an fp8 cache: the dots run in float16, whose conversion from e4m3 is
     # one instruction per two values (bf16 takes three). Each query row is first divided by a
     # power of two that brings it under 2^14 (exact; the factor multiplies its scores), so no
     # bf16 value overflows float16; probabilities (<= 1) and e4m3 values (<= 448) fit as they are.
     F16_DOTS: tl.constexpr = FP8_KV and q_ptr.dtype.element_ty == tl.bfloat16
-    row_scale = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    row_factor = tl.full([BLOCK_M], 1.0, dtype=tl.float32) * qk_scale
     if F16_DOTS:
         q_f32 = q.to(tl.float32)
         amax = tl.max(tl.abs(q_f32), axis=1)
         row_scale = tl.where(amax > 16384.0, tl.exp2(tl.ceil(tl.log2(amax / 16384.0))), 1.0)
         q = (q_f32 / row_scale[:, None]).to(tl.float16)
+        row_factor = row_factor * row_scale
+    slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0).to(tl.float32)
 
     offs_t = tl.arange(0, TILE)
-    sink_start = sink_lo // TILE * TILE
-    num_sink_tiles = tl.maximum(tl.cdiv(sink_hi - sink_start, TILE), 0)
+    PAGE_TILES: tl.constexpr = BLOCK_SIZE % TILE == 0  # every tile lies inside one page
+    k_inv = offs_t[:, None] * stride_ks + dims[None, :] * stride_kd
+    v_inv = offs_t[:, None] * stride_vs + dims[None, :] * stride_vd
+
+    # Tiles in ascending key order, at absolute multiples of TILE: the sink range (masked),
+    # then the main range [key_lo, key_hi) as masked tiles up to the first one every row sees
+    # whole, those unmasked, and masked tiles to the end (the causal diagonal).
     main_start = key_lo // TILE * TILE
-    num_tiles = num_sink_tiles + tl.maximum(tl.cdiv(key_hi - main_start, TILE), 0)
-    for t in range(0, num_tiles):
-        in_sinks = t < num_sink_tiles
-        tile_start = tl.where(
-            in_sinks, sink_start + t * TILE, main_start + (t - num_sink_tiles) * TILE
-        )
-        lo = tl.where(in_sinks, sink_lo, key_lo)
-        hi = tl.where(in_sinks, sink_hi, key_hi)
-        key_pos = tile_start + offs_t
-        key_valid = (key_pos >= lo) & (key_pos < hi)
-        block = tl.load(
-            block_table_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_valid, other=0
-        ).to(tl.int64)
-        slot_off = key_pos % BLOCK_SIZE
-        # [TILE, HEAD_PAD] element offsets, computed once for K and (when the views share
-        # strides, as the halves of one page do) for V as well: address math is the hot path.
-        k_offs = (block * stride_kb + slot_off * stride_ks + kv_head * stride_kh)[:, None] + (
-            dims[None, :] * stride_kd
-        )
-        kv_mask = key_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + k_offs, mask=kv_mask, other=0.0)  # [TILE, HEAD_PAD]
-        if FP8_KV:
-            k = k.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        if F16_DOTS:
-            s = s * row_scale[:, None]
-        if USE_SOFTCAP:
-            # c * tanh(s / c), overflow-safe: tanh(x) = 1 - 2 / (exp(2x) + 1)
-            s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s / soft_cap) + 1.0))
-        if USE_ALIBI:
-            s += slope[:, None] * (key_pos[None, :] - q_pos[:, None]).to(tl.float32)
-        visible = row_valid[:, None] & key_valid[None, :]
+    clean_start = main_start
+    clean_end = main_start
+    if SPLIT_MASKING:
+        full_lo = key_lo
+        full_hi = key_hi
         if CAUSAL:
-            visible &= key_pos[None, :] <= q_pos[:, None]
+            full_hi = tl.minimum(full_hi, first_pos + 1)
         if WINDOW > 0:
-            in_window = q_pos[:, None] - key_pos[None, :] < WINDOW
+            full_lo = tl.maximum(full_lo, last_pos - WINDOW + 1)
             if not CAUSAL:
-                in_window &= key_pos[None, :] - q_pos[:, None] < WINDOW
-            visible &= in_window | (key_pos[None, :] < SINK_TOKENS)
+                full_hi = tl.minimum(full_hi, first_pos + WINDOW)
         if CHUNK > 0:
-            visible &= key_pos[None, :] // CHUNK == q_pos[:, None] // CHUNK
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # fully masked rows stay finite
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-
-        if SHARED_KV_OFFSETS:
-            v = tl.load(k_cache_ptr + v_minus_k + k_offs, mask=kv_mask, other=0.0)
-        else:
-            v_offs = (block * stride_vb + slot_off * stride_vs + kv_head * stride_vh)[:, None] + (
-                dims[None, :] * stride_vd
-            )
-            v = tl.load(v_cache_ptr + v_offs, mask=kv_mask, other=0.0)  # [TILE, HEAD_PAD]
-        if FP8_KV:
-            v = v.to(q.dtype)
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+            full_lo = tl.maximum(full_lo, last_pos // CHUNK * CHUNK)
+            full_hi = tl.minimum(full_hi, (first_pos // CHUNK + 1) * CHUNK)
+        # (clamped to key_hi: a window can round the first whole tile past the last key)
+        clean_start = tl.minimum(tl.cdiv(full_lo, TILE) * TILE, key_hi)
+        clean_end = tl.maximum(full_hi // TILE * TILE, clean_start)
+    if SINK_TOKENS > 0:
+        for tile_start in range(sink_lo // TILE * TILE, sink_hi, TILE):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
+                tile_start, sink_lo, sink_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
+                block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
+                stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+                True, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
+                USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+            )  # fmt: skip
+    if SPLIT_MASKING:
+        for tile_start in range(main_start, clean_start, TILE):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
+                tile_start, key_lo, key_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
+                block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
+                stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+                True, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
+                USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+            )  # fmt: skip
+        for tile_start in range(clean_start, clean_end, TILE):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
+                tile_start, key_lo, key_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
+                block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
+                stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+                False, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
+                USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+            )  # fmt: skip
+    for tile_start in range(clean_end, key_hi, TILE):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
+            tile_start, key_lo, key_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
+            block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
+            stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+            True, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
+            USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+        )  # fmt: skip
 
     if FP8_KV:
         acc = acc * tl.load(kv_scales_ptr + 1)
@@ -280,8 +376,8 @@ def merge_segments_kernel(
     NUM_SEGMENTS: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):
-    """Log-sum-exp merge of the partial results of one (token, head). Empty segments carry
-    max = -inf and sum = 0 and drop out; the sink is counted here, once."""
+    """Log-sum-exp merge (log2 units) of the partial results of one (token, head). Empty
+    segments carry max = -inf and sum = 0 and drop out; the sink is counted here, once."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     segs = tl.arange(0, NUM_SEGMENTS)
@@ -291,12 +387,13 @@ def merge_segments_kernel(
     sums = tl.load(seg_sum_ptr + base + segs)
     m_all = tl.max(m, axis=0)
     if USE_SINKS:
-        m_all = tl.maximum(m_all, tl.load(sinks_ptr + head).to(tl.float32))
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
+        m_all = tl.maximum(m_all, sink)
     m_safe = tl.where(m_all > float("-inf"), m_all, 0.0)
-    weight = tl.where(m > float("-inf"), tl.exp(m - m_safe), 0.0)
+    weight = tl.where(m > float("-inf"), tl.exp2(m - m_safe), 0.0)
     total = tl.sum(sums * weight, axis=0)
     if USE_SINKS:
-        total += tl.exp(tl.load(sinks_ptr + head).to(tl.float32) - m_safe)
+        total += tl.exp2(sink - m_safe)
     acc = tl.load(seg_acc_ptr + (base + segs)[:, None] * HEAD_PAD + dims[None, :])
     out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     tl.store(
