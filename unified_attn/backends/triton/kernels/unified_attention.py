@@ -42,6 +42,18 @@ LOG2E = tl.constexpr(1.4426950408889634)  # scores are kept in log2 units: exp2 
 
 
 @triton.jit
+def _load_kv(ptrs, key_valid, dim_valid, MASKED: tl.constexpr, PADDED: tl.constexpr):
+    """A `[TILE, HEAD_PAD]` K or V tile; masked keys and padding dimensions read as 0."""
+    if MASKED:
+        tile = tl.load(ptrs, mask=key_valid[:, None] & dim_valid[None, :], other=0.0)
+    elif PADDED:
+        tile = tl.load(ptrs, mask=dim_valid[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
     tile_start, lo, hi, seq, kv_head, k_cache_ptr, v_cache_ptr, block_table_ptr, v_minus_k,
@@ -81,14 +93,8 @@ def _attend_tile(
         else:
             v_row = block * stride_vb + slot * stride_vs + kv_head * stride_vh
             v_ptrs = v_cache_ptr + v_row[:, None] + dims[None, :] * stride_vd
-    if MASKED:
-        kv_mask = key_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-    elif HEAD_PAD != HEAD_SIZE:
-        k = tl.load(k_ptrs, mask=dim_valid[None, :], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-    if FP8_KV:
+    k = _load_kv(k_ptrs, key_valid, dim_valid, MASKED, HEAD_PAD != HEAD_SIZE)
+    if FP8_KV:  # exact: every e4m3 value is a value of the dot dtype
         k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * row_factor[:, None]
     if USE_SOFTCAP or USE_ALIBI:  # row_factor left the scores in natural-log units
@@ -117,12 +123,7 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    if MASKED:
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-    elif HEAD_PAD != HEAD_SIZE:
-        v = tl.load(v_ptrs, mask=dim_valid[None, :], other=0.0)
-    else:
-        v = tl.load(v_ptrs)
+    v = _load_kv(v_ptrs, key_valid, dim_valid, MASKED, HEAD_PAD != HEAD_SIZE)
     if FP8_KV:
         v = v.to(q.dtype)
     acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -282,7 +283,9 @@ def unified_attention_kernel(
 
     # Tiles in ascending key order, at absolute multiples of TILE: the sink range (masked),
     # then the main range [key_lo, key_hi) as masked tiles up to the first one every row sees
-    # whole, those unmasked, and masked tiles to the end (the causal diagonal).
+    # whole, those unmasked, and masked tiles to the end (the causal diagonal). Four loops, one
+    # `_attend_tile` call each: one loop over all the masked tiles (their start and range chosen
+    # per iteration) was 9% slower on unsplit page-64 decode (H100, 2.74 against 2.99 TB/s).
     main_start = key_lo // TILE * TILE
     clean_start = main_start
     clean_end = main_start
