@@ -136,31 +136,68 @@ def gpu_ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
 
 
-def prefill_launch(
-    length: int, *, page: int = PAGE, context: int = 0, **kwargs: Any
-) -> tuple[torch.Tensor, Callable[[], Any]]:
-    """One causal bf16 prefill of `length` tokens after `context` cached ones (a chunked
-    prefill) through the Triton kernel, on random data in a randomly permuted paged cache of
-    `page`-token pages: the queries and the launch (`kwargs` go to the kernel)."""
-    from unified_attn.backends.triton import ops
-
-    keys = context + length
-    nb = keys // page + 1
-    cache = torch.randn(nb + 1, 2, page, HKV, HEAD, device="cuda", dtype=torch.bfloat16)
-    block_table = (torch.randperm(nb, device="cuda").to(torch.int32) + 1)[None]
-    q = torch.randn(length, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(q)
-    qsl = torch.tensor([0, length], dtype=torch.int32, device="cuda")
-    seq = torch.tensor([keys], dtype=torch.int32, device="cuda")
-    launch = functools.partial(
-        ops.unified_attention, q, cache[:, 0], cache[:, 1], out, query_start_loc=qsl,
-        seq_lens=seq, block_table=block_table, num_seqs=1, max_query_len=length,
-        scale=HEAD**-0.5, **kwargs,
-    )  # fmt: skip
-    return q, launch
-
-
 def prefill_flops(length: int, context: int = 0) -> float:
     """Causal attention FLOPs of `length` queries after `context` keys: 4 * Hq * D per visible
     (query, key) pair."""
     return 4 * HQ * HEAD * (length * context + length * (length + 1) / 2)
+
+
+def prefill_case(
+    length: int, *, context: int = 0, page: int = PAGE, **kwargs: Any
+) -> dict[str, Any]:
+    """Queries, dense K / V `[1, Hkv, keys, D]` (the same for every page size, for the peers),
+    the same keys in a permuted paged cache of `page`-token pages, and the Triton kernel's
+    causal launch over them (`kwargs` go to the kernel): one prefill of `length` tokens after
+    `context` cached ones (a chunked prefill)."""
+    from unified_attn.backends.triton import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(length + context)
+    keys = context + length
+    q = torch.randn(length, HQ, HEAD, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (
+        torch.randn(1, HKV, keys, HEAD, generator=gen, device="cuda").to(torch.bfloat16)
+        for _ in range(2)
+    )
+    pages = -(-keys // page)
+    table = (torch.randperm(pages, generator=gen, device="cuda").int() + 1)[None]
+    cache = torch.zeros(pages + 1, 2, page, HKV, HEAD, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(keys, device="cuda")
+    blocks = table[0, pos // page].long()
+    for i, dense in enumerate((k, v)):
+        cache[blocks, i, pos % page] = dense[0].transpose(0, 1)
+    out = torch.empty_like(q)
+    launch = functools.partial(
+        ops.unified_attention, q, cache[:, 0], cache[:, 1], out,
+        query_start_loc=torch.tensor([0, length], dtype=torch.int32, device="cuda"),
+        seq_lens=torch.tensor([keys], dtype=torch.int32, device="cuda"), block_table=table,
+        num_seqs=1, max_query_len=length, scale=HEAD**-0.5, **kwargs,
+    )  # fmt: skip
+    return {"q": q, "launch": launch, "k": k, "v": v, "flops": prefill_flops(length, context)}
+
+
+def sdpa_prefill(case: dict[str, Any], context: int) -> dict[str, Any]:
+    """SDPA flash and cuDNN on `prefill_case`'s dense keys (a bottom-right causal mask for a
+    chunk): per backend its output and TFLOP/s, or the error it refused the shape with."""
+    qh = case["q"].transpose(0, 1)[None]
+    length = qh.shape[2]
+    extra: dict[str, Any] = {"is_causal": True}
+    if context:
+        from torch.nn.attention.bias import causal_lower_right
+
+        extra = {"attn_mask": causal_lower_right(length, context + length)}
+    peers: dict[str, Any] = {}
+    for name, backend in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION")):
+        sdpa_backend = getattr(torch.nn.attention.SDPBackend, backend)
+
+        def call(b: Any = sdpa_backend) -> torch.Tensor:
+            with torch.nn.attention.sdpa_kernel(b):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    qh, case["k"], case["v"], enable_gqa=True, **extra
+                )
+
+        try:
+            peers[name] = {"out": call()[0].transpose(0, 1),
+                           "tflops": case["flops"] / gpu_ms(call) / 1e9}  # fmt: skip
+        except Exception as error:  # a backend that refuses the shape
+            peers[name] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
+    return peers

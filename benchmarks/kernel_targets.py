@@ -39,19 +39,18 @@ from typing import Any
 
 import attrs
 import torch
+from attn_bench.timing import rel_err as error_stats
 from attn_bench.timing import rotation_count, time_calls
 from common import (
-    HEAD,
-    HKV,
-    HQ,
     add_out_argument,
     gpu_ms,
     make_console,
     output_dir,
-    prefill_flops,
+    prefill_case,
     pyplot,
     run_header,
     save_figure,
+    sdpa_prefill,
     write_json,
 )
 
@@ -163,7 +162,8 @@ class Case:
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    """max |got - ref| / max |ref|."""
+    return error_stats(got, ref)["max_rel_err"]
 
 
 def time_shape(case: Case, split: ops.SplitPlan | None) -> float:
@@ -268,64 +268,11 @@ CHUNK = (512, 32768)  # queries, cached keys
 CHUNK_TARGET_TFLOPS = 300.0
 
 
-def prefill_case(length: int, context: int, page: int) -> dict[str, Any]:
-    """Queries, dense K / V `[1, Hkv, keys, D]` (the same for every page size, for the peers),
-    the same keys in a permuted paged cache of `page`-token pages, and our launch."""
-    gen = torch.Generator(device="cuda").manual_seed(length + context)
-    keys = context + length
-    q = torch.randn(length, HQ, HEAD, generator=gen, device="cuda").to(torch.bfloat16)
-    k, v = (
-        torch.randn(1, HKV, keys, HEAD, generator=gen, device="cuda").to(torch.bfloat16)
-        for _ in range(2)
-    )
-    pages = -(-keys // page)
-    table = (torch.randperm(pages, generator=gen, device="cuda").int() + 1)[None]
-    cache = torch.zeros(pages + 1, 2, page, HKV, HEAD, device="cuda", dtype=torch.bfloat16)
-    pos = torch.arange(keys, device="cuda")
-    blocks = table[0, pos // page].long()
-    for i, dense in enumerate((k, v)):
-        cache[blocks, i, pos % page] = dense[0].transpose(0, 1)
-    out = torch.empty_like(q)
-    launch = functools.partial(
-        ops.unified_attention, q, cache[:, 0], cache[:, 1], out,
-        query_start_loc=torch.tensor([0, length], dtype=torch.int32, device="cuda"),
-        seq_lens=torch.tensor([keys], dtype=torch.int32, device="cuda"), block_table=table,
-        num_seqs=1, max_query_len=length, scale=HEAD**-0.5,
-    )  # fmt: skip
-    return {"q": q, "launch": launch, "k": k, "v": v, "flops": prefill_flops(length, context)}
-
-
-def sdpa_prefill(case: dict[str, Any], context: int) -> dict[str, Any]:
-    qh = case["q"].transpose(0, 1)[None]
-    length = qh.shape[2]
-    extra: dict[str, Any] = {"is_causal": True}
-    if context:
-        from torch.nn.attention.bias import causal_lower_right
-
-        extra = {"attn_mask": causal_lower_right(length, context + length)}
-    peers: dict[str, Any] = {}
-    for name, backend in (("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION")):
-        sdpa_backend = getattr(torch.nn.attention.SDPBackend, backend)
-
-        def call(b: Any = sdpa_backend) -> torch.Tensor:
-            with torch.nn.attention.sdpa_kernel(b):
-                return torch.nn.functional.scaled_dot_product_attention(
-                    qh, case["k"], case["v"], enable_gqa=True, **extra
-                )
-
-        try:
-            peers[name] = {"out": call()[0].transpose(0, 1),
-                           "tflops": case["flops"] / gpu_ms(call) / 1e9}  # fmt: skip
-        except Exception as error:  # a backend that refuses the shape
-            peers[name] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
-    return peers
-
-
 def measure_prefill(length: int, context: int) -> list[dict[str, Any]]:
     rows = []
     peers: dict[str, Any] | None = None
     for page in PREFILL_PAGES:
-        case = prefill_case(length, context, page)
+        case = prefill_case(length, context=context, page=page)
         if peers is None:  # the same keys at every page size: measure the peers once
             peers = sdpa_prefill(case, context)
         ours = case["launch"]().clone()

@@ -6,11 +6,11 @@
 """
 
 import torch
-from common import prefill_launch
+from common import prefill_case
 
 
 def main(length: int = 8192, soft_cap: float | None = None) -> None:
-    _, launch = prefill_launch(length, soft_cap=soft_cap)
+    launch = prefill_case(length, soft_cap=soft_cap)["launch"]
     for _ in range(3):
         launch()
     torch.cuda.synchronize()

@@ -14,15 +14,13 @@ import argparse
 import functools
 import itertools
 
-import torch
 from common import (
-    HEAD,
-    HKV,
     add_out_argument,
     gpu_ms,
     output_dir,
+    prefill_case,
     prefill_flops,
-    prefill_launch,
+    sdpa_prefill,
     write_json,
 )
 
@@ -36,34 +34,11 @@ def fixed(cfg: ops.TileConfig, *_args: object, **_kwargs: object) -> ops.TileCon
     return cfg
 
 
-def flash_tflops(q: torch.Tensor, context: int) -> float:
-    """SDPA flash on the same queries over `context` + `len(q)` dense keys (causal, bottom-right
-    aligned for a chunk, as ours)."""
-    length = q.shape[0]
-    qh = q.transpose(0, 1)[None]
-    kh = torch.randn(1, HKV, context + length, HEAD, device="cuda", dtype=torch.bfloat16)
-    if context:
-        from torch.nn.attention.bias import causal_lower_right
-
-        mask = causal_lower_right(length, context + length)
-        sdpa = functools.partial(
-            torch.nn.functional.scaled_dot_product_attention, qh, kh, kh, attn_mask=mask,
-            enable_gqa=True,
-        )  # fmt: skip
-    else:
-        sdpa = functools.partial(
-            torch.nn.functional.scaled_dot_product_attention, qh, kh, kh, is_causal=True,
-            enable_gqa=True,
-        )  # fmt: skip
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        return prefill_flops(length, context) / gpu_ms(sdpa) / 1e9
-
-
 def sweep(length: int, context: int, page: int, flash: float) -> list[dict]:
     rows = []
     flops = prefill_flops(length, context)
     ops.tile_config = SHIPPED
-    _, shipped_launch = prefill_launch(length, page=page, context=context)
+    shipped_launch = prefill_case(length, context=context, page=page)["launch"]
     shipped = flops / gpu_ms(shipped_launch) / 1e9
     print(f"L={length} context={context} page={page}: shipped {shipped:.1f} TFLOP/s, SDPA "
           f"flash {flash:.1f} ({shipped / flash:.2f}x)", flush=True)  # fmt: skip
@@ -99,8 +74,8 @@ def main() -> None:
         cases.append((q, c))
     rows = []
     for length, context in cases:
-        q, _ = prefill_launch(length, page=16, context=context)
-        flash = flash_tflops(q, context)
+        peers = sdpa_prefill(prefill_case(length, context=context), context)
+        flash = peers["sdpa_flash"]["tflops"]
         for page in (int(x) for x in args.pages.split(",")):
             rows += sweep(length, context, page, flash)
     write_json(output_dir(args) / "tune_prefill.json", rows, indent=1)
