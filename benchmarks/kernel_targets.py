@@ -349,14 +349,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES), help="decode shapes, comma-separated")
     ap.add_argument("--sweep", action="store_true", help="also time split counts and tiles")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("benchmarks/kernel_targets.py needs a CUDA GPU", file=sys.stderr)
-        raise SystemExit(2)
     unknown = [n for n in args.shapes.split(",") if n not in SHAPES]
     if unknown:
         print(f"unknown shapes {unknown}; choose from {list(SHAPES)}", file=sys.stderr)
         raise SystemExit(2)
     sections = args.sections.split(",")
+    if not sections or set(sections) - {"decode", "prefill"}:
+        print(f"--sections takes decode and/or prefill, got {args.sections!r}", file=sys.stderr)
+        raise SystemExit(2)
+    if not torch.cuda.is_available():
+        print("benchmarks/kernel_targets.py needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
     result = run_header(SCHEMA, "kernel_targets.py", False, argv)
     result["machine"]["gpu"] = torch.cuda.get_device_name()
     result["copy_tb_s"] = copy_tb_s = copy_bandwidth()

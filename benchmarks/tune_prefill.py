@@ -68,15 +68,22 @@ def main() -> None:
     parser.add_argument("--chunk", default="", help="QxC: Q queries after C cached keys")
     add_out_argument(parser)
     args = parser.parse_args()
-    cases = [(int(x), 0) for x in args.lens.split(",") if x]
-    if args.chunk:
-        q, c = (int(x) for x in args.chunk.split("x"))
-        cases.append((q, c))
+    try:
+        cases = [(int(x), 0) for x in args.lens.split(",") if x]
+        pages = [int(x) for x in args.pages.split(",")]
+        if args.chunk:
+            q, c = (int(x) for x in args.chunk.split("x"))
+            cases.append((q, c))
+    except ValueError:
+        parser.error(
+            f"--lens and --pages take comma-separated integers and --chunk QxC (e.g. 512x32768), "
+            f"got --lens {args.lens!r} --pages {args.pages!r} --chunk {args.chunk!r}"
+        )
     rows = []
     for length, context in cases:
         peers = sdpa_prefill(prefill_case(length, context=context), context)
         flash = peers["sdpa_flash"]["tflops"]
-        for page in (int(x) for x in args.pages.split(",")):
+        for page in pages:
             rows += sweep(length, context, page, flash)
     write_json(output_dir(args) / "tune_prefill.json", rows, indent=1)
 
