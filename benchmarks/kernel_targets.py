@@ -194,15 +194,22 @@ def sdpa_peers(case: Case, ours: torch.Tensor) -> dict[str, Any]:
     return out
 
 
-def sweep(case: Case) -> list[dict[str, Any]]:
-    """Split counts x tiles, each timed like the shipped launch."""
+SWEEP_CONFIGS = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))
+SWEEP_SEGMENTS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def sweep(
+    case: Case, configs: list[tuple[int, ...]], segments: tuple[int, ...]
+) -> list[dict[str, Any]]:
+    """Split counts x tiles (TILE, warps, stages[, max registers]), each timed
+    like the shipped launch."""
     s = case.shape
     shipped_tile = ops.tile_config
     rows = []
-    counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if s.ctx // n >= 64]
-    for n, tile, warps, stages in itertools.product(counts, (32, 64, 128), (4, 8), (2, 3, 4)):
+    counts = [n for n in segments if s.ctx // n >= 64]
+    for n, config in itertools.product(counts, configs):
         split = None if n == 1 else ops.SplitPlan(n, cdiv(cdiv(s.ctx, n), 64) * 64)
-        cfg = ops.TileConfig(16, tile, warps, stages)
+        cfg = ops.TileConfig(16, *config)
         ops.tile_config = lambda *_a, _c=cfg, **_k: _c
         try:
             us = time_shape(case, split)
@@ -211,7 +218,8 @@ def sweep(case: Case) -> list[dict[str, Any]]:
             print(f"    {n} segments {cfg}: {type(error).__name__}", flush=True)
         finally:
             ops.tile_config = shipped_tile
-        rows.append({"segments": n, "tile": tile, "warps": warps, "stages": stages, "us": us,
+        rows.append({"segments": n, "tile": cfg.tile, "warps": cfg.num_warps,
+                     "stages": cfg.num_stages, "max_registers": cfg.max_registers, "us": us,
                      "tb_s": s.bytes_read() / us / 1e6})  # fmt: skip
     good = [r for r in rows if r["us"] == r["us"]]
     for r in sorted(good, key=lambda r: r["us"])[:3]:
@@ -219,7 +227,7 @@ def sweep(case: Case) -> list[dict[str, Any]]:
     return rows
 
 
-def measure(name: str, shape: Shape, copy_tb_s: float, with_sweep: bool) -> dict[str, Any]:
+def measure(name: str, shape: Shape, copy_tb_s: float, args: argparse.Namespace) -> dict[str, Any]:
     per_cache = 2 * shape.batch * shape.visible * shape.kv_heads * shape.head_size * 2
     case = Case(shape, rotation_count(per_cache))
     split = case.shipped_split()
@@ -242,8 +250,8 @@ def measure(name: str, shape: Shape, copy_tb_s: float, with_sweep: bool) -> dict
     for peer, r in rec.get("peers", {}).items():
         line += f", {peer} {r['us']:.1f} µs" if "us" in r else f", {peer} refused"
     print(line + f", split {rec['split']}, err {rec['rel_err_vs_fp32']:.1e}", flush=True)
-    if with_sweep:
-        rec["sweep"] = sweep(case)
+    if args.sweep:
+        rec["sweep"] = sweep(case, args.sweep_configs, args.sweep_segments)
     del case
     torch.cuda.empty_cache()
     return rec
@@ -348,7 +356,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sections", default="decode,prefill")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="decode shapes, comma-separated")
     ap.add_argument("--sweep", action="store_true", help="also time split counts and tiles")
+    ap.add_argument("--sweep-configs", default="", help="TILE/WARPS/STAGES[/MAXNREG],...")
+    ap.add_argument("--sweep-segments", default="", help="split counts, comma-separated")
     args = ap.parse_args(argv)
+    raw = (args.sweep_configs, args.sweep_segments)
+    try:
+        args.sweep_configs = [
+            tuple(int(x) for x in c.split("/")) for c in args.sweep_configs.split(",") if c
+        ] or SWEEP_CONFIGS
+        args.sweep_segments = (
+            tuple(int(x) for x in args.sweep_segments.split(",") if x) or SWEEP_SEGMENTS
+        )
+        if any(len(c) not in (3, 4) for c in args.sweep_configs):
+            raise ValueError
+    except ValueError:
+        print(f"--sweep-configs takes TILE/WARPS/STAGES[/MAXNREG],... and "
+              f"--sweep-segments integers, got {raw[0]!r} and {raw[1]!r}",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
     unknown = [n for n in args.shapes.split(",") if n not in SHAPES]
     if unknown:
         print(f"unknown shapes {unknown}; choose from {list(SHAPES)}", file=sys.stderr)
@@ -368,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     if "decode" in sections:
         records = result["decode"] = []
         for name in args.shapes.split(","):
-            records.append(measure(name, SHAPES[name], copy_tb_s, args.sweep))
+            records.append(measure(name, SHAPES[name], copy_tb_s, args))
             write_json(out / "kernel_targets.json", result)
     if "prefill" in sections:
         rows = result["prefill"] = []

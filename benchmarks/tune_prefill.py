@@ -34,7 +34,9 @@ def fixed(cfg: ops.TileConfig, *_args: object, **_kwargs: object) -> ops.TileCon
     return cfg
 
 
-def sweep(length: int, context: int, page: int, flash: float) -> list[dict]:
+def sweep(
+    length: int, context: int, page: int, flash: float, configs: list[tuple[int, ...]]
+) -> list[dict]:
     rows = []
     flops = prefill_flops(length, context)
     ops.tile_config = SHIPPED
@@ -42,8 +44,9 @@ def sweep(length: int, context: int, page: int, flash: float) -> list[dict]:
     shipped = flops / gpu_ms(shipped_launch) / 1e9
     print(f"L={length} context={context} page={page}: shipped {shipped:.1f} TFLOP/s, SDPA "
           f"flash {flash:.1f} ({shipped / flash:.2f}x)", flush=True)  # fmt: skip
-    for bm, tile, warps, stages in CONFIGS:
-        cfg = ops.TileConfig(bm, tile, warps, stages)
+    for config in configs:
+        cfg = ops.TileConfig(*config)
+        bm, tile, warps, stages = config[:4]
         ops.tile_config = functools.partial(fixed, cfg)
         try:
             tflops = flops / gpu_ms(shipped_launch) / 1e9
@@ -51,7 +54,8 @@ def sweep(length: int, context: int, page: int, flash: float) -> list[dict]:
             tflops = float("nan")
             print(f"  {cfg}: {type(error).__name__}", flush=True)
         rows.append({"len": length, "context": context, "page": page, "block_m": bm,
-                     "tile": tile, "warps": warps, "stages": stages, "tflops": tflops,
+                     "tile": tile, "warps": warps, "stages": stages,
+                     "max_registers": cfg.max_registers, "tflops": tflops,
                      "shipped_tflops": shipped, "flash_tflops": flash})  # fmt: skip
         print(f"  BLOCK_M={bm} TILE={tile} warps={warps} stages={stages}: {tflops:.1f} "
               f"({tflops / flash:.2f}x flash)", flush=True)  # fmt: skip
@@ -66,6 +70,11 @@ def main() -> None:
     parser.add_argument("--lens", default="8192")
     parser.add_argument("--pages", default="16,64")
     parser.add_argument("--chunk", default="", help="QxC: Q queries after C cached keys")
+    parser.add_argument(
+        "--configs",
+        default="",
+        help="BLOCK_M/TILE/WARPS/STAGES[/MAXNREG],... (default: the full grid)",
+    )
     add_out_argument(parser)
     args = parser.parse_args()
     try:
@@ -74,17 +83,21 @@ def main() -> None:
         if args.chunk:
             q, c = (int(x) for x in args.chunk.split("x"))
             cases.append((q, c))
+        configs = [tuple(int(x) for x in c.split("/")) for c in args.configs.split(",") if c]
+        if any(len(c) not in (4, 5) for c in configs):
+            raise ValueError
     except ValueError:
         parser.error(
-            f"--lens and --pages take comma-separated integers and --chunk QxC (e.g. 512x32768), "
-            f"got --lens {args.lens!r} --pages {args.pages!r} --chunk {args.chunk!r}"
+            f"--lens and --pages take comma-separated integers, --chunk QxC (e.g. 512x32768) "
+            f"and --configs M/TILE/WARPS/STAGES,... (e.g. 64/64/4/3), got --lens {args.lens!r} "
+            f"--pages {args.pages!r} --chunk {args.chunk!r} --configs {args.configs!r}"
         )
     rows = []
     for length, context in cases:
         peers = sdpa_prefill(prefill_case(length, context=context), context)
         flash = peers["sdpa_flash"]["tflops"]
         for page in pages:
-            rows += sweep(length, context, page, flash)
+            rows += sweep(length, context, page, flash, configs or CONFIGS)
     write_json(output_dir(args) / "tune_prefill.json", rows, indent=1)
 
 

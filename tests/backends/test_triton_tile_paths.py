@@ -101,3 +101,13 @@ def test_float32_on_every_tile_path(forced_tile, features):
     # float32 dots take another code path on the GPU (no tensor cores under "ieee")
     run_case(hq=4, hkv=2, d=32, bs=forced_tile, computed=COMPUTED, new=NEW, dtype=torch.float32,
              **features)  # fmt: skip
+
+
+
+def test_fp8_decode_under_a_register_cap(monkeypatch):
+    # the shipped fp8 decode tile caps registers (Triton's `maxnreg`); the cap changes code
+    # generation on the GPU only, where tests/gpu/test_fp8_kv_gpu.py runs it
+    cfg = ops.tile_config(2, 32, 1, torch.float16, fp8=True)
+    assert cfg.max_registers == 128
+    fp8_cases.run_case(hq=4, hkv=2, d=32, bs=16, computed=[70, 3, 129, 40], new=[1, 1, 1, 1],
+                       dtype=DTYPES[0])  # fmt: skip

@@ -98,6 +98,7 @@ class TileConfig:
     tile: int  # keys per loop iteration
     num_warps: int
     num_stages: int
+    max_registers: int | None = None  # per thread (Triton's `maxnreg`): more programs per SM
 
 
 def tile_config(
@@ -110,17 +111,21 @@ def tile_config(
     batch_invariant: bool = False,
     split: bool = False,
 ) -> TileConfig:
-    """Tiles measured on an H100 (bf16, 32q/8kv/d128): decode by `benchmarks/kernel_targets.py
-    --sweep` and `tune_decode.py`, prefill by `tune_prefill.py` (24 shapes at 8k and at 512
-    queries over 32k keys).
+    """Tiles measured on an H100 (bf16, 32q/8kv/d128): decode by `benchmarks/tune_decode.py`
+    and `benchmarks/kernel_targets.py --sweep`, prefill by `tune_prefill.py` (8k, 16k and 32k
+    tokens; `results/tune_*_h100.json`). The block table is read one tile ahead, so K/V tiles
+    are multi-buffered from 3 stages on.
 
-    * Decode packs the query heads of a KV head into the fewest rows (16). Split-KV launches
-      (small batches) and fp8 caches read 128 keys per iteration in 3 stages (batch 1 / 32k:
-      2.2 TB/s against 1.6 with 64 keys in 2 stages; fp8 at batch 64 / 32k: 2.35 TB/s of fp8
-      bytes against 1.68); unsplit bf16 batches keep 64 keys in 2 stages, whose smaller shared
-      memory leaves room for two programs per SM (batch 64 / 32k: 3.02 TB/s against 2.72).
-    * Prefill: pages of 64+ tokens take 64 x 64 with 4 warps, one page per key tile (402 and
-      383 TFLOP/s); 16-token pages 128 x 128 with 8 warps and 3 stages (338 and 311).
+    * Decode packs the query heads of a KV head into the fewest rows (16).
+      - fp8 caches: 64 keys in 3 stages with at most 128 registers per thread, four programs
+        per SM (batch 64 / 32k: 2.83 TB/s of fp8 bytes against 2.69 for 128 keys at 255
+        registers; capping the 128-key tile spills and loses).
+      - Split-KV launches (small batches): 128 keys in 2 stages (batch 32 / 8k: 2.85 TB/s
+        against 2.74 for 128 keys in 3 stages, which multi-buffer).
+      - Unsplit bf16 batches: 64 keys in 2 stages (batch 64 / 32k: 3.04 TB/s).
+    * Prefill: pages of 64+ tokens take 128 x 64 with 8 warps and 3 stages, one page per key
+      tile (421 / 456 / 446 TFLOP/s at 8k / 16k / 32k, 1.25-1.32x SDPA flash); 16-token pages
+      128 x 128 (388 at 8k).
     * float32 and heads over 128 keep smaller tiles: those would not fit shared memory.
     * Batch-invariant mode keeps the 64 x 32 tile it was measured with for every row: its
       tiles depend on the layer only, never on the batch."""
@@ -129,11 +134,14 @@ def tile_config(
     if batch_invariant or (max_query_len > 1 and (head_size > 128 or not small_elements)):
         return TileConfig(max(64 if head_size <= 128 else 32, heads), 32, 4, 2)
     if max_query_len <= 1:
-        if head_size <= 128 and (fp8 or (split and small_elements)):
-            return TileConfig(max(16, heads), 128, 4, 3)
-        return TileConfig(max(16, heads), 64 if head_size <= 128 else 32, 4, 2)
+        rows = max(16, heads)
+        if head_size <= 128 and fp8:
+            return TileConfig(rows, 64, 4, 3, max_registers=128 if rows == 16 else None)
+        if head_size <= 128 and split and small_elements:
+            return TileConfig(rows, 128, 4, 2)
+        return TileConfig(rows, 64 if head_size <= 128 else 32, 4, 2)
     if block_size % 64 == 0:
-        return TileConfig(max(64, heads), 64, 4, 2)
+        return TileConfig(max(128, heads), 64, 8, 3)
     return TileConfig(max(128, heads), 128, 8, 3)
 
 
@@ -323,7 +331,8 @@ def unified_attention(
         USE_SOFTCAP=bool(soft_cap), NUM_SEGMENTS=num_segments,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SHARED_KV_OFFSETS=shared_offsets, FP8_KV=fp8, SPLIT_MASKING=not batch_invariant,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        TABLE_AHEAD=cfg.num_stages >= 3,  # with 2 stages K/V are single-buffered either way
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
     )  # fmt: skip
     if num_segments > 1:
         merge_segments_kernel[(num_tokens, num_q_heads)](

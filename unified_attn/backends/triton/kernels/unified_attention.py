@@ -54,26 +54,47 @@ def _load_kv(ptrs, key_valid, dim_valid, MASKED: tl.constexpr, PADDED: tl.conste
 
 
 @triton.jit
+def _tile_blocks(
+    table_row_ptr, tile_start, hi, offs_t, BLOCK_SIZE: tl.constexpr, PAGE_TILES: tl.constexpr
+):
+    """Block-table entries of the tile at `tile_start`: one (PAGE_TILES) or one per key; 0 past
+    `hi`. With TABLE_AHEAD they are loaded one tile ahead and carried through the loop, so the
+    K/V loads' addresses do not depend on a load of their own iteration and Triton's pipeliner
+    multi-buffers them (a same-iteration table load leaves the K/V tiles single-buffered)."""
+    if PAGE_TILES:
+        block = tl.load(table_row_ptr + tile_start // BLOCK_SIZE, mask=tile_start < hi, other=0)
+    else:
+        key_pos = tile_start + offs_t
+        block = tl.load(table_row_ptr + key_pos // BLOCK_SIZE, mask=key_pos < hi, other=0)
+    return block
+
+
+@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
-    tile_start, lo, hi, seq, kv_head, k_cache_ptr, v_cache_ptr, block_table_ptr, v_minus_k,
+    tile_start, lo, hi, block, kv_head, k_cache_ptr, v_cache_ptr, table_row_ptr, v_minus_k,
     soft_cap, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb, stride_vs, stride_vh,
-    stride_vd, stride_bt,
+    stride_vd,
     MASKED: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, CHUNK: tl.constexpr,
     SINK_TOKENS: tl.constexpr, USE_ALIBI: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SHARED_KV_OFFSETS: tl.constexpr, FP8_KV: tl.constexpr,
-    PAGE_TILES: tl.constexpr,
+    PAGE_TILES: tl.constexpr, TABLE_AHEAD: tl.constexpr,
 ):  # fmt: skip
     """One key tile `[tile_start, tile_start + TILE)` of the online softmax. MASKED tiles check
     every key against `[lo, hi)` and every (row, key) pair against the causal / window / chunk
     rules; unmasked tiles are ones every row of the program sees whole (no compare, no select,
     no load mask). PAGE_TILES: the tile lies inside one page, so one block-table entry and the
-    loop-invariant offsets `k_inv` / `v_inv` address it."""
+    loop-invariant offsets `k_inv` / `v_inv` address it. `block` holds this tile's table
+    entries (`_tile_blocks`) and the next tile's are returned (TABLE_AHEAD; else `block` is
+    unused, the entries are read here and it is returned as it is)."""
     key_pos = tile_start + offs_t
     key_valid = (key_pos >= lo) & (key_pos < hi)
+    carried = block
+    if not TABLE_AHEAD:
+        block = _tile_blocks(table_row_ptr, tile_start, hi, offs_t, BLOCK_SIZE, PAGE_TILES)
     if PAGE_TILES:
-        block = tl.load(block_table_ptr + seq * stride_bt + tile_start // BLOCK_SIZE).to(tl.int64)
+        block = block.to(tl.int64)
         slot0 = tile_start % BLOCK_SIZE
         k_ptrs = k_cache_ptr + (block * stride_kb + slot0 * stride_ks + kv_head * stride_kh) + k_inv
         if SHARED_KV_OFFSETS:
@@ -82,9 +103,7 @@ def _attend_tile(
             v_base = block * stride_vb + slot0 * stride_vs + kv_head * stride_vh
             v_ptrs = v_cache_ptr + v_base + v_inv
     else:
-        block = tl.load(
-            block_table_ptr + seq * stride_bt + key_pos // BLOCK_SIZE, mask=key_valid, other=0
-        ).to(tl.int64)
+        block = block.to(tl.int64)
         slot = key_pos % BLOCK_SIZE
         k_row = block * stride_kb + slot * stride_ks + kv_head * stride_kh
         k_ptrs = k_cache_ptr + k_row[:, None] + dims[None, :] * stride_kd
@@ -127,7 +146,10 @@ def _attend_tile(
     if FP8_KV:
         v = v.to(q.dtype)
     acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
+    if TABLE_AHEAD:
+        next_start = tile_start + offs_t.shape[0]
+        carried = _tile_blocks(table_row_ptr, next_start, hi, offs_t, BLOCK_SIZE, PAGE_TILES)
+    return acc, m_new, l_i, carried
 
 
 @triton.jit
@@ -183,6 +205,7 @@ def unified_attention_kernel(
     SHARED_KV_OFFSETS: tl.constexpr,  # V = K's offsets + v_minus_k (same strides, one storage)
     FP8_KV: tl.constexpr,  # the caches are float8 e4m3: dequantize with the scales
     SPLIT_MASKING: tl.constexpr,  # False: mask every tile (batch-invariant mode)
+    TABLE_AHEAD: tl.constexpr,  # read the block table one tile ahead (multi-buffered K/V)
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -278,6 +301,7 @@ def unified_attention_kernel(
 
     offs_t = tl.arange(0, TILE)
     PAGE_TILES: tl.constexpr = BLOCK_SIZE % TILE == 0  # every tile lies inside one page
+    table_row = block_table_ptr + seq * stride_bt
     k_inv = offs_t[:, None] * stride_ks + dims[None, :] * stride_kd
     v_inv = offs_t[:, None] * stride_vs + dims[None, :] * stride_vd
 
@@ -305,42 +329,51 @@ def unified_attention_kernel(
         clean_start = tl.minimum(tl.cdiv(full_lo, TILE) * TILE, key_hi)
         clean_end = tl.maximum(full_hi // TILE * TILE, clean_start)
     if SINK_TOKENS > 0:
-        for tile_start in range(sink_lo // TILE * TILE, sink_hi, TILE):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
-                tile_start, sink_lo, sink_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
-                block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
-                stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+        sink_start = sink_lo // TILE * TILE
+        blocks = _tile_blocks(table_row, sink_start, sink_hi, offs_t, BLOCK_SIZE, PAGE_TILES)
+        for tile_start in range(sink_start, sink_hi, TILE):
+            acc, m_i, l_i, blocks = _attend_tile(
+                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv,
+                v_inv, tile_start, sink_lo, sink_hi, blocks, kv_head, k_cache_ptr,
+                v_cache_ptr, table_row, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh,
+                stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
                 True, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
                 USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+                TABLE_AHEAD,
             )  # fmt: skip
     if SPLIT_MASKING:
+        blocks = _tile_blocks(table_row, main_start, key_hi, offs_t, BLOCK_SIZE, PAGE_TILES)
         for tile_start in range(main_start, clean_start, TILE):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
-                tile_start, key_lo, key_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
-                block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
-                stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+            acc, m_i, l_i, blocks = _attend_tile(
+                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv,
+                v_inv, tile_start, key_lo, key_hi, blocks, kv_head, k_cache_ptr,
+                v_cache_ptr, table_row, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh,
+                stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
                 True, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
                 USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+                TABLE_AHEAD,
             )  # fmt: skip
+        blocks = _tile_blocks(table_row, clean_start, key_hi, offs_t, BLOCK_SIZE, PAGE_TILES)
         for tile_start in range(clean_start, clean_end, TILE):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
-                tile_start, key_lo, key_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
-                block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
-                stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+            acc, m_i, l_i, blocks = _attend_tile(
+                acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv,
+                v_inv, tile_start, key_lo, key_hi, blocks, kv_head, k_cache_ptr,
+                v_cache_ptr, table_row, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh,
+                stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
                 False, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
                 USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+                TABLE_AHEAD,
             )  # fmt: skip
+    blocks = _tile_blocks(table_row, clean_end, key_hi, offs_t, BLOCK_SIZE, PAGE_TILES)
     for tile_start in range(clean_end, key_hi, TILE):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv, v_inv,
-            tile_start, key_lo, key_hi, seq, kv_head, k_cache_ptr, v_cache_ptr,
-            block_table_ptr, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh, stride_kd,
-            stride_vb, stride_vs, stride_vh, stride_vd, stride_bt,
+        acc, m_i, l_i, blocks = _attend_tile(
+            acc, m_i, l_i, q, row_factor, slope, q_pos, dims, dim_valid, offs_t, k_inv,
+            v_inv, tile_start, key_lo, key_hi, blocks, kv_head, k_cache_ptr,
+            v_cache_ptr, table_row, v_minus_k, soft_cap, stride_kb, stride_ks, stride_kh,
+            stride_kd, stride_vb, stride_vs, stride_vh, stride_vd,
             True, BLOCK_SIZE, HEAD_SIZE, HEAD_PAD, CAUSAL, WINDOW, CHUNK, SINK_TOKENS,
             USE_ALIBI, USE_SOFTCAP, DOT_PRECISION, SHARED_KV_OFFSETS, FP8_KV, PAGE_TILES,
+            TABLE_AHEAD,
         )  # fmt: skip
 
     if FP8_KV:
