@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from unified_attn.models.invariant import (
+    elementwise,
     invariant_linear,
     invariant_matmul,
     l2_normalize,
@@ -200,6 +201,23 @@ def test_cpu_sigmoid_of_a_narrow_gate_does_not_depend_on_the_batch():
     assert batches_that_differ(torch.sigmoid) != []
     assert batches_that_differ(sigmoid) == []
     torch.testing.assert_close(each, torch.sigmoid(x), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("width", [16, 48, 7])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_elementwise_activations_do_not_depend_on_the_batch(width, threads):
+    # rows of 16 or 48 floats leave a partial AVX-512 step (32 floats) at the tensor's end for
+    # odd row counts; `elementwise` pads the flat tensor to whole steps of every thread
+    x = torch.randn(300, width, generator=gen(5)) * 3
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for fn in (F.silu, torch.sigmoid, lambda t: F.gelu(t, approximate="tanh")):
+            each = torch.cat([elementwise(fn, x[i : i + 1]) for i in range(300)])
+            assert [m for m in ALL_M if not torch.equal(elementwise(fn, x[:m]), each[:m])] == []
+            torch.testing.assert_close(each, fn(x), rtol=1e-6, atol=1e-7)
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -48,8 +48,12 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_gate_up:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(self.act(gate) * up)
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self._activate(gate) * up)
+        return self.down_proj(self._activate(self.gate_proj(x)) * self.up_proj(x))
+
+    def _activate(self, gate: torch.Tensor) -> torch.Tensor:
+        """`act(gate)` (batch-invariant mode replaces it)."""
+        return self.act(gate)
 
 
 def make_mlp(config: ModelConfig, layer_index: int = 0) -> nn.Module:

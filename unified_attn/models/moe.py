@@ -90,13 +90,18 @@ class Experts(nn.Module):
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
-        glu = gate * torch.sigmoid(gate * self.alpha)
+        glu = gate * self._sigmoid(gate * self.alpha)
         return self._project((up + 1) * glu, self.down_proj[index], self.down_proj_bias[index])
 
     @staticmethod
     def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """`x [T, K] @ w [K, N] + bias [N]` (batch-invariant mode replaces it)."""
         return x @ w + bias
+
+    @staticmethod
+    def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+        """(Batch-invariant mode replaces it.)"""
+        return torch.sigmoid(x)
 
     def forward(
         self, x: torch.Tensor, routing_weights: torch.Tensor, expert_ids: torch.Tensor

@@ -8,6 +8,7 @@ from unified_attn.models.invariant.model import (
     require_batch_invariant,
 )
 from unified_attn.models.invariant.ops import (
+    elementwise,
     invariant_linear,
     invariant_matmul,
     l2_normalize,
@@ -20,6 +21,7 @@ from unified_attn.models.invariant.ops import (
 
 __all__ = [
     "batch_invariance_problems",
+    "elementwise",
     "invariant_linear",
     "invariant_matmul",
     "l2_normalize",

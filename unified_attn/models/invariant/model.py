@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from unified_attn.models.invariant.ops import (
+    elementwise,
     invariant_linear,
     invariant_matmul,
     l2_normalize,
@@ -60,6 +61,15 @@ class InvariantExperts(Experts):
     def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         return invariant_matmul(x, w, bias)
 
+    @staticmethod
+    def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+        return sigmoid(x)
+
+
+class InvariantMLP(MLP):
+    def _activate(self, gate: torch.Tensor) -> torch.Tensor:
+        return elementwise(self.act, gate)
+
 
 class InvariantSparseMoEMLP(SparseMoEMLP):
     @staticmethod
@@ -81,13 +91,14 @@ SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     Experts: InvariantExperts,
     LinearAttention: InvariantLinearAttention,
     SparseMoEMLP: InvariantSparseMoEMLP,
+    MLP: InvariantMLP,
 }
 
 # Modules whose own forward only gathers, adds, multiplies element-wise or calls its children
 # (and, for `Attention`, a backend checked on its own): invariant once their children are.
 # The decoder's root and backbone join them in `_container_types` (decoder.py imports this).
 CONTAINER_TYPES: tuple[type[nn.Module], ...] = (
-    nn.ModuleList, nn.Embedding, RotaryEmbedding, DecoderLayer, Attention, MLP, MoEMLP,
+    nn.ModuleList, nn.Embedding, RotaryEmbedding, DecoderLayer, Attention, MoEMLP,
 )  # fmt: skip
 INVARIANT_TYPES = frozenset(SWAPS.values())
 

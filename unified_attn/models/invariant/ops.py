@@ -15,13 +15,16 @@ same by construction:
 - a softmax runs row by row on `[N]` vectors.
 
 Element-wise ops (activations, RoPE, residual adds) need nothing on CUDA, where every element
-runs the same code. On the CPU, torch's vectorised loops finish a tensor's last partial
-vector with scalar libm calls, which differ from the vector ones by an ulp for `silu`,
-`sigmoid`, `gelu` and `rsqrt` (measured): rows whose length is a multiple of 16 floats (all
-presets) never reach that tail.
+runs the same code. On the CPU, torch's vectorised loops finish a tensor's (and each thread's)
+last partial vector with scalar libm calls, which differ from the vector ones by an ulp for
+`silu` and `sigmoid` (measured). The vector holds 16 floats with AVX2 (two per step) and 32 with
+AVX-512, so whether a `[T, 48]` tensor reaches that tail depends on T on one machine and not on
+another: `elementwise` pads the flattened tensor to whole steps of every thread first.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -58,15 +61,24 @@ def invariant_linear(
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
+CPU_VECTOR_STEP = 64  # floats: a multiple of every CPU's vectorised step (AVX-512: 2 x 16)
+
+
+def elementwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`fn(x)` for an element-wise `fn`, each element the same whatever the tensor's size. On
+    the CPU the flattened tensor is padded with zeros to a multiple of `CPU_VECTOR_STEP` per
+    thread, so neither the tensor's end nor a thread's share of it leaves a partial vector
+    for torch's scalar code (torch splits a range into equal shares, one per thread)."""
+    if _on_gpu(x):
+        return fn(x)
+    flat = x.reshape(-1)
+    pad = -flat.numel() % (CPU_VECTOR_STEP * torch.get_num_threads())
+    return fn(torch.nn.functional.pad(flat, (0, pad)))[: flat.numel()].view(x.shape)
+
+
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """`torch.sigmoid`, element by element the same whatever the tensor's length. On the CPU
-    rows narrower than 32 floats (a `[T, 1]` gate) are widened to 32 first: otherwise the
-    last elements of a length-dependent tail take torch's scalar code, an ulp away."""
-    width = x.shape[-1]
-    if _on_gpu(x) or width % 32 == 0:
-        return torch.sigmoid(x)
-    wide = torch.nn.functional.pad(x, (0, 32 - width % 32))
-    return torch.sigmoid(wide)[..., :width]
+    """`torch.sigmoid`, element by element the same whatever the tensor's size."""
+    return elementwise(torch.sigmoid, x)
 
 
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
