@@ -3,19 +3,25 @@ sliding window of latents and the top-k compressed entries), in one run with the
 and the reference (torch gather + einsum) peer.
 
     python benchmarks/v4_decode.py [--out DIR] [--batch 64] [--context 65536] [--quick]
+                                   [--sweep [--configs BH/TILE/WARPS/STAGES/AHEAD,...]]
 
 Shape (issue 10): 64 query heads of 512 (shared-KV MQA), window 128, compression rate 4, top-k
 512, batch 64, 64k context, bf16, page 64 for the latents (16 entries per compressed page).
 Each request's window is its last 128 positions; its top-k names 512 random complete entries.
 Bytes touched per token: (128 + 512) rows of 512 bf16, plus its queries and outputs. Target: the
 two launches within 1.5x of the time to move those bytes at the measured device-to-device copy
-bandwidth (bytes read + written of a 2 GiB copy). Writes `DIR/v4_decode.json`.
+bandwidth (bytes read + written of a 2 GiB copy). Timing: each launch as the backends make it
+(int64 lists, a bool mask), captured in a CUDA graph over `--rotations` steps of distinct requests
+(4 x 58.7 MB between reuses, more than L2's 50 MB), the graph's median time over its calls; "both"
+is one graph of every step's window and compressed launches back to back, as a layer runs them.
+Writes `DIR/v4_decode.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import sys
 from typing import Any
 
 import attrs
@@ -37,129 +43,186 @@ def copy_tb_s() -> float:
     return 2 * src.numel() * 2 / gpu_ms(functools.partial(dst.copy_, src)) / 1e9
 
 
-def make_case(args: argparse.Namespace) -> dict[str, Any]:
-    """The caches, lists and queries of one decode step (random data)."""
+ROTATIONS = 4  # distinct requests per timed call: 4 x 58.7 MB between reuses, L2 holds 50 MB
+
+
+def make_case(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The caches, then `ROTATIONS` decode steps of `batch` distinct requests each over them:
+    queries, and each request's window and top-k rows as the backends pass them (int64 block
+    ids and slots, a bool mask) (random data)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    b, ctx, d, page = args.batch, args.context, args.head_size, args.page
+    b, ctx, d, page = args.batch * args.rotations, args.context, args.head_size, args.page
     entries = ctx // args.rate
-    pages, entry_pages = ctx // page, entries // (page // args.rate)
-    latents = torch.randn(b * pages + 1, page, d, device="cuda", generator=gen).bfloat16()
-    compressed = torch.randn(b * entry_pages + 1, page // args.rate, d, device="cuda",
-                             generator=gen).bfloat16()  # fmt: skip
+    per = page // args.rate  # compressed entries per page
+    pages, entry_pages = ctx // page, entries // per
+    latents = torch.randn(b * pages + 1, page, d, device="cuda", generator=gen,
+                          dtype=torch.bfloat16)  # fmt: skip
+    compressed = torch.randn(b * entry_pages + 1, per, d, device="cuda", generator=gen,
+                             dtype=torch.bfloat16)  # fmt: skip
     table = torch.randperm(b * pages, device="cuda", generator=gen).view(b, pages) + 1
     entry_table = torch.randperm(b * entry_pages, device="cuda", generator=gen).view(b, -1) + 1
-    window = torch.arange(ctx - args.window, ctx, device="cuda").expand(b, -1)  # positions
-    rows = torch.arange(b, device="cuda")[:, None]
-    picks = torch.rand(b, entries, device="cuda", generator=gen).topk(args.topk, dim=1).indices
-    per = page // args.rate
-    return {
-        "q": torch.randn(b, args.heads, d, device="cuda", generator=gen).bfloat16(),
-        "swa": (latents, table[rows, window // page], window % page),
-        "compressed": (compressed, entry_table[rows, picks // per], picks % per),
-    }
+    steps = []
+    for r in range(args.rotations):
+        rows = torch.arange(r * args.batch, (r + 1) * args.batch, device="cuda")[:, None]
+        window = torch.arange(ctx - args.window, ctx, device="cuda").expand(args.batch, -1)
+        picks = torch.rand(args.batch, entries, device="cuda", generator=gen)
+        picks = picks.topk(args.topk, dim=1).indices
+        steps.append({
+            "q": torch.randn(args.batch, args.heads, d, device="cuda", generator=gen,
+                             dtype=torch.bfloat16),
+            "swa": (latents, table[rows, window // page], window % page),
+            "compressed": (compressed, entry_table[rows, picks // per], picks % per),
+        })  # fmt: skip
+    return steps
 
 
-def launches(case: dict[str, Any], scale: float) -> dict[str, Any]:
-    q = case["q"]
-    out = {k: torch.empty_like(q) for k in ("swa", "compressed")}
-    lse = {k: torch.empty(q.shape[:2], device="cuda") for k in out}
+def launches(steps: list[dict[str, Any]], scale: float, config: Any = None) -> dict[str, Any]:
+    """Per implementation and partial, one call per step (each with its own output buffers)."""
+    calls: dict[str, Any] = {"triton": {}, "reference": {}}
+    for name in ("swa", "compressed"):
+        for impl in calls:
+            calls[impl][name] = [_call(step, name, impl, scale, config) for step in steps]
+    return calls
 
-    def triton(name: str) -> None:
-        cache, blocks, offsets = case[name]
-        valid = torch.ones(blocks.shape, dtype=torch.bool, device="cuda")
-        gathered_attention(q, cache, blocks, offsets, valid, scale, out[name], lse[name])
 
-    def reference(name: str) -> None:
-        cache, blocks, offsets = case[name]
-        valid = torch.ones(blocks.shape, dtype=torch.bool, device="cuda")
-        partial_attention(q, cache[blocks, offsets], valid, scale, out[name], lse[name])
+def _call(step: dict[str, Any], name: str, impl: str, scale: float, config: Any) -> Any:
+    q = step["q"]
+    cache, blocks, offsets = step[name]
+    valid = torch.ones(blocks.shape, dtype=torch.bool, device="cuda")
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
 
-    return {"triton": triton, "reference": reference, "out": out, "lse": lse}
+    def run() -> torch.Tensor:
+        if impl == "triton":
+            gathered_attention(q, cache, blocks, offsets, valid, scale, out, lse, config)
+        else:
+            partial_attention(q, cache[blocks, offsets], valid, scale, out, lse)
+        return out
+
+    return run
+
+
+def interleave(calls: dict[str, list[Any]]) -> list[Any]:
+    """Each step's two launches in the order a CSA layer runs them: window, then compressed."""
+    return [c for pair in zip(calls["swa"], calls["compressed"], strict=True) for c in pair]
+
+
+def graph_us(calls: list[Any]) -> float:
+    """µs per call: the calls captured back to back in one CUDA graph (as a decode step runs)."""
+    from attn_bench.timing import time_calls
+
+    ms, how = time_calls(calls, graph=True)
+    if not how.startswith("cuda_graph"):
+        raise RuntimeError(f"v4_decode: timing fell back to {how}")
+    return ms * 1e3 if calls else float("nan")
+
+
+# heads, tile, warps, stages, entries a tile ahead (1/0)[, max registers]: shapes that fit
+# shared memory
+SWEEP: list[tuple[int, ...]] = [
+    *[(64, t, 8, st, a) for t, st in [(16, 3), (32, 3), (64, 2)] for a in (1, 0)],
+    *[(32, t, w, st, 1) for t, w, st in [(32, 4, 3), (32, 8, 3), (64, 8, 3), (32, 4, 2)]],
+    *[(16, t, 4, st, 1) for t, st in [(32, 2), (32, 3), (32, 4), (16, 3)]],
+    *[(16, 32, 4, 3, 1, 168), (32, 32, 8, 3, 1, 128)],
+]
+
+
+def parse_configs(text: str) -> list[tuple[int, ...]]:
+    """`BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG],...` (empty: `SWEEP`); one line and exit 2 when
+    malformed."""
+    try:
+        configs = [tuple(int(x) for x in c.split("/")) for c in text.split(",") if c]
+        if any(len(c) not in (5, 6) or min(c[:4]) < 1 or c[4] not in (0, 1) for c in configs):
+            raise ValueError
+    except ValueError:
+        print(f"--configs takes BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG],... (AHEAD 0 or 1), got "
+              f"{text!r}", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
+    return configs or SWEEP
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name, default in [("batch", 64), ("context", 65536), ("heads", 64), ("head-size", 512),
-                          ("window", 128), ("rate", 4), ("topk", 512), ("page", 64)]:  # fmt: skip
+                          ("window", 128), ("rate", 4), ("topk", 512), ("page", 64),
+                          ("rotations", ROTATIONS)]:  # fmt: skip
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--quick", action="store_true", help="batch 4, 8k context")
-    parser.add_argument("--sweep", action="store_true", help="also time every GatherConfig")
+    parser.add_argument("--sweep", action="store_true", help="also time kernel configurations")
+    parser.add_argument(
+        "--configs",
+        default="",
+        help="sweep only these: BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG],...",
+    )
     add_out_argument(parser)
     args = parser.parse_args(argv)
+    configs = parse_configs(args.configs)
     if args.quick:
         args.batch, args.context = 4, 8192
-    from common import gpu_ms
-
-    case = make_case(args)
-    run = launches(case, args.head_size**-0.5)
+    if not torch.cuda.is_available():
+        print("benchmarks/v4_decode.py needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    steps = make_case(args)
+    calls = launches(steps, args.head_size**-0.5)
     result: dict[str, Any] = {"benchmark": "v4_decode", "command": command_line(__file__, argv),
                               "timestamp": utc_timestamp(), "machine": machine_info(),
                               "shape": vars(args), "copy_tb_s": copy_tb_s()}  # fmt: skip
-    q_bytes = case["q"].numel() * 2 * 2  # read q, write the output
+    q_bytes = steps[0]["q"].numel() * 2 * 2  # read q, write the output
     for name in ("swa", "compressed"):
-        blocks = case[name][1]
-        touched = blocks.numel() * args.head_size * 2 + q_bytes
-        row: dict[str, Any] = {"bytes": touched}
-        for impl in ("triton", "reference"):
-            run[impl](name)
-            got = run["out"][name].float().clone()
-            row[f"{impl}_ms"] = gpu_ms(functools.partial(run[impl], name))
-            row[f"{impl}_out"] = got
-        row["max_diff"] = (row.pop("triton_out") - row.pop("reference_out")).abs().max().item()
-        result[name] = row
+        touched = steps[0][name][1].numel() * args.head_size * 2 + q_bytes
+        got, want = (calls[impl][name][0]().float().clone() for impl in ("triton", "reference"))
+        result[name] = {"bytes": touched, "max_diff": (got - want).abs().max().item()}
+        result[name].update({f"{impl}_us": graph_us(calls[impl][name]) for impl in calls})
+    both = {impl: 2 * graph_us(interleave(calls[impl])) for impl in calls}  # µs per step
     total_bytes = result["swa"]["bytes"] + result["compressed"]["bytes"]
-    ideal_ms = total_bytes / result["copy_tb_s"] / 1e9
-    triton_ms = result["swa"]["triton_ms"] + result["compressed"]["triton_ms"]
-    reference_ms = result["swa"]["reference_ms"] + result["compressed"]["reference_ms"]
-    result["total"] = {"bytes": total_bytes, "ideal_ms": ideal_ms, "triton_ms": triton_ms,
-                       "reference_ms": reference_ms, "over_ideal": triton_ms / ideal_ms,
-                       "tb_s": total_bytes / triton_ms / 1e9, "target": TARGET,
-                       "met": triton_ms / ideal_ms <= TARGET,
-                       "speedup_over_reference": reference_ms / triton_ms}  # fmt: skip
+    ideal_us = total_bytes / result["copy_tb_s"] / 1e6
+    result["total"] = {"bytes": total_bytes, "ideal_us": ideal_us, "triton_us": both["triton"],
+                       "reference_us": both["reference"],
+                       "over_ideal": both["triton"] / ideal_us,
+                       "tb_s": total_bytes / both["triton"] / 1e6, "target": TARGET,
+                       "met": both["triton"] / ideal_us <= TARGET,
+                       "speedup_over_reference": both["reference"] / both["triton"]}  # fmt: skip
     print(f"[v4_decode] copy {result['copy_tb_s']:.2f} TB/s", flush=True)
     for name in ("swa", "compressed"):
         r = result[name]
-        print(f"[v4_decode] {name}: triton {r['triton_ms'] * 1e3:.1f} us, reference "
-              f"{r['reference_ms'] * 1e3:.1f} us, {r['bytes'] / 1e6:.1f} MB, max diff "
+        print(f"[v4_decode] {name}: triton {r['triton_us']:.1f} us, reference "
+              f"{r['reference_us']:.1f} us, {r['bytes'] / 1e6:.1f} MB, max diff "
               f"{r['max_diff']:.3g}", flush=True)  # fmt: skip
     t = result["total"]
-    print(f"[v4_decode] total {t['triton_ms'] * 1e3:.1f} us = {t['over_ideal']:.2f}x the copy "
+    print(f"[v4_decode] both {t['triton_us']:.1f} us = {t['over_ideal']:.2f}x the copy "
           f"time of {t['bytes'] / 1e6:.1f} MB ({t['tb_s']:.2f} TB/s), target <= {TARGET}x: "
           f"{'met' if t['met'] else 'missed'}; {t['speedup_over_reference']:.1f}x the reference",
           flush=True)  # fmt: skip
     if args.sweep:
-        result["sweep"] = sweep(case, args.head_size**-0.5)
+        result["sweep"] = sweep(steps, args.head_size**-0.5, configs)
     write_json(output_dir(args) / "v4_decode.json", result)
     return result
 
 
-def sweep(case: dict[str, Any], scale: float) -> list[dict[str, Any]]:
-    """Every kernel configuration on both lists: microseconds per launch."""
-    import itertools
-
-    from common import gpu_ms
-
+def sweep(
+    steps: list[dict[str, Any]], scale: float, configs: list[tuple[int, ...]]
+) -> list[dict[str, Any]]:
+    """Kernel configurations on both lists: µs per launch, graph-timed like the main figure."""
     from unified_attn.backends.triton.v4_ops import GatherConfig
 
-    q, rows = case["q"], []
-    out, lse = torch.empty_like(q), torch.empty(q.shape[:2], device="cuda")
-    for heads, tile, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8),
-                                                        (1, 2, 3)):  # fmt: skip
-        cfg = GatherConfig(heads, tile, warps, stages)
+    rows = []
+    for heads, tile, warps, stages, ahead, *cap in configs:
+        cfg = GatherConfig(heads, tile, warps, stages, bool(ahead), *cap)
         row: dict[str, Any] = attrs.asdict(cfg)
+        calls = launches(steps, scale, cfg)["triton"]
         for name in ("swa", "compressed"):
-            cache, blocks, offsets = case[name]
-            valid = torch.ones(blocks.shape, dtype=torch.bool, device="cuda")
-            call = functools.partial(gathered_attention, q, cache, blocks, offsets, valid, scale,
-                                     out, lse, cfg)  # fmt: skip
             try:
-                row[f"{name}_us"] = gpu_ms(call) * 1e3
+                row[f"{name}_us"] = graph_us(calls[name])
             except Exception as error:  # out of resources
                 row[f"{name}_us"] = float("nan")
-                row["error"] = type(error).__name__
+                row["error"] = f"{type(error).__name__}: {str(error)[:120]}"
+                torch.cuda.synchronize()
         rows.append(row)
         print(f"[v4_decode] {cfg}: swa {row['swa_us']:.1f} us, compressed "
               f"{row['compressed_us']:.1f} us", flush=True)  # fmt: skip
+    good = [r for r in rows if "error" not in r]
+    for key in ("swa_us", "compressed_us"):
+        best = min(good, key=lambda r: r[key], default=None)
+        print(f"[v4_decode] best for {key}: {best}", flush=True)
     return rows
 
 

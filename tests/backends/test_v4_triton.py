@@ -16,13 +16,23 @@ from unified_attn.backends.triton.deepseek_v4_backend import (
     TritonCompressedAttentionBackend,
     TritonDeepseekV4Backend,
 )
-from unified_attn.backends.triton.v4_ops import gathered_attention
+from unified_attn.backends.triton.v4_ops import GatherConfig, gathered_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gathered_attention_matches_the_reference_partial(dtype):
+@pytest.mark.parametrize(
+    ("dtype", "index_dtype", "config"),
+    [
+        (torch.float32, torch.int64, None),
+        (torch.float16, torch.int64, None),
+        # 16-row tiles, two head groups, each tile's list entries loaded in its own iteration
+        (torch.float32, torch.int32, GatherConfig(16, 16, 4, 2, index_ahead=False)),
+        (torch.float16, torch.int32, GatherConfig(16, 16, 4, 3)),
+        (torch.float16, torch.int64, GatherConfig(32, 32, 4, 2, max_registers=128)),
+    ],
+)
+def test_gathered_attention_matches_the_reference_partial(dtype, index_dtype, config):
     gen = torch.Generator().manual_seed(0)
     tokens, heads, width, num_blocks, block_size, rows = 5, 20, 64, 12, 8, 45  # 20: 16 + 4
     cache = torch.randn(num_blocks, block_size, width, generator=gen).to(dtype)
@@ -32,9 +42,9 @@ def test_gathered_attention_matches_the_reference_partial(dtype):
     offsets = torch.randint(0, block_size, (tokens, rows), generator=gen)
     valid = (torch.rand(tokens, rows, generator=gen) > 0.3) & ~((blocks == 3) & (offsets == 2))
     valid[2] = False  # a token that sees nothing: lse -inf, output 0
-    args = [t.to(DEVICE) for t in (q, cache, blocks, offsets, valid)]
+    args = [t.to(DEVICE) for t in (q, cache, blocks.to(index_dtype), offsets.to(index_dtype))]
     out, lse = torch.empty_like(args[0]), torch.empty(tokens, heads, device=DEVICE)
-    gathered_attention(*args, 0.125, out, lse)
+    gathered_attention(*args, valid.to(DEVICE), 0.125, out, lse, config)
     want_out, want_lse = torch.empty_like(q), torch.empty(tokens, heads)
     partial_attention(q, cache[blocks, offsets], valid, 0.125, want_out, want_lse)
     tol = 1e-5 if dtype == torch.float32 else 2e-3
@@ -46,7 +56,12 @@ def test_gathered_attention_matches_the_reference_partial(dtype):
 def test_gathered_attention_names_what_is_wrong():
     q = torch.randn(2, 4, 24)
     with pytest.raises(ValueError, match="head size 24 is not a power of two"):
-        gathered_attention(q, torch.randn(3, 4, 24), *[torch.zeros(2, 5)] * 2,
+        gathered_attention(q, torch.randn(3, 4, 24), *[torch.zeros(2, 5, dtype=torch.long)] * 2,
+                           torch.ones(2, 5, dtype=torch.bool), 1.0, torch.empty_like(q),
+                           torch.empty(2, 4))  # fmt: skip
+    q = torch.randn(2, 4, 32)
+    with pytest.raises(ValueError, match="blocks and offsets must share one dtype"):
+        gathered_attention(q, torch.randn(3, 4, 32), *[torch.zeros(2, 5)] * 2,
                            torch.ones(2, 5, dtype=torch.bool), 1.0, torch.empty_like(q),
                            torch.empty(2, 4))  # fmt: skip
 

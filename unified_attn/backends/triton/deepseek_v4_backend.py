@@ -1,5 +1,5 @@
 """DeepSeek-V4 on the Triton kernels: the `swa` window and the compressed-entry attention run
-`gathered_attention` (one program per token and up to 64 heads over the token's own rows, a
+`gathered_attention` (one program per token and head group over the token's own rows, a
 partial softmax with its log-sum-exp, as the reference backends return). Only the attention
 seam `attend_rows` changes: caches, managers, plans, checks, cache writes and the other cache
 users (compressor, lightning indexer) are the reference backends'.

@@ -10,23 +10,29 @@ import triton
 from unified_attn.backends.triton.kernels.gathered_attention import gathered_attention_kernel
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES
 
+INDEX_DTYPES = (torch.int32, torch.int64)
+
 
 @attrs.frozen
 class GatherConfig:
-    heads: int  # query heads per program: they share one read of the token's rows
+    heads: int  # query heads per program; the programs of one token share its rows through L2
     tile: int  # rows per loop iteration
     num_warps: int
     num_stages: int
+    index_ahead: bool = True  # load the next tile's list entries while this tile is used
+    max_registers: int | None = None  # per thread (Triton's `maxnreg`): more programs per SM
 
 
 def gather_config(width: int, num_heads: int) -> GatherConfig:
-    """Every head of a token in one program where they fit (up to 64), so its rows are read
-    once. Wide rows (V4's 512) take 64-row tiles, 8 warps and 3 stages: the fastest of 54
-    configurations on an H100 at the V4 decode shape (`benchmarks/v4_decode.py --sweep`)."""
-    heads = min(64, max(16, triton.next_power_of_2(num_heads)))
+    """Wide rows (V4's 512) take 32 heads per program, 64-row tiles, 8 warps and 3 stages: the
+    fastest of the configurations `benchmarks/v4_decode.py --sweep` times on an H100 at the V4
+    decode shape (64 heads: two programs per token share its rows through L2; 64 heads per
+    program hold the whole query and accumulator in registers, one program per token). Narrow
+    rows keep every head (up to 32) in one program with 32-row tiles."""
+    heads = min(32, max(16, triton.next_power_of_2(num_heads)))
     if width > 128:
         return GatherConfig(heads, 64, 8, 3)
-    return GatherConfig(min(heads, 32), 32, 4, 2)
+    return GatherConfig(heads, 32, 4, 2)
 
 
 def gathered_attention(
@@ -65,6 +71,12 @@ def gathered_attention(
             f"gathered attention: blocks, offsets and visible must be [{num_tokens}, S], got "
             f"{[tuple(t.shape) for t in lists]}"
         )
+    kinds = (blocks.dtype, offsets.dtype, visible.dtype)
+    if kinds[0] not in INDEX_DTYPES or kinds[1] != kinds[0] or kinds[2] != torch.bool:
+        raise ValueError(
+            f"gathered attention: blocks and offsets must share one dtype of {INDEX_DTYPES} and "
+            f"visible must be torch.bool, got {kinds}"
+        )
     if out.shape != q.shape or lse.shape != (num_tokens, num_heads) or lse.dtype != torch.float32:
         raise ValueError(
             f"gathered attention: out must be {tuple(q.shape)} and lse [{num_tokens}, "
@@ -72,15 +84,16 @@ def gathered_attention(
         )
     if num_tokens == 0:
         return
-    blocks, offsets = blocks.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
+    blocks, offsets = blocks.contiguous(), offsets.contiguous()  # no copy when they are
     valid = visible.contiguous().view(torch.uint8)
     q = q if q.stride(-1) == 1 else q.contiguous()
     cfg = config or gather_config(width, num_heads)
-    grid = (num_tokens, triton.cdiv(num_heads, cfg.heads))
+    grid = (triton.cdiv(num_heads, cfg.heads), num_tokens)  # a token's head groups adjacent
     gathered_attention_kernel[grid](
         out, lse, q, cache, blocks, offsets, valid, scale, num_heads, blocks.shape[1],
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0), cache.stride(1),
         blocks.stride(0), BH=cfg.heads, D=width, TILE=cfg.tile,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        INDEX_AHEAD=cfg.index_ahead,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
     )  # fmt: skip

@@ -3,14 +3,38 @@
 Each query token t attends over its own list of `S` cache rows, `(blocks[t, s], offsets[t, s])`
 where `valid[t, s]`: a sliding window of roped latents, or the compressed entries a top-k
 selection names. The row is both key and value (shared-KV MQA: one KV head of `D` features).
-A program owns one token and BH of its query heads, so the token's rows are read once per BH
-heads; it walks the list in tiles of TILE rows with an online softmax and stores the
-normalised output and the log-sum-exp of the visible scores (-inf and a zero output where the
-token sees no row), which the model merges with the other caches' partials and the sinks.
+A program owns one token and BH of its query heads; the programs of one token's head groups are
+adjacent in the grid, so a row read by one group is still in L2 for the next. It walks the list
+in tiles of TILE rows with an online softmax (log2 units: `exp2`, with log2(e) folded into the
+scale) and stores the normalised output and the natural log-sum-exp of the visible scores (-inf
+and a zero output where the token sees no row), which the model merges with the other caches'
+partials and the sinks.
+
+With INDEX_AHEAD the list entries of the next tile are loaded while the current tile is used, so
+a row tile's address never depends on a load of the same loop iteration and the compiler can keep
+several row tiles in flight (multi-buffered); without it each tile waits for its own entries.
+Measured on an H100 and not kept: the tile's rows as the dots' M side (scores [TILE, BH], for
+head groups under 64), list entries carried two tiles ahead (the pipeliner then drops the
+asynchronous copies), and an L2 prefetch of the lists (within 2%); `benchmarks/README.md`.
 """
 
 import triton
 import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _row_offsets(blocks_ptr, offsets_ptr, valid_ptr, idx, num_rows, stride_cb, stride_cs):
+    """Element offsets of the list entries `idx` in the cache and whether each is visible. The
+    three loads are independent (masked by the list's end only, not by `valid`), so a tile's
+    addresses wait for one load latency, not two; hidden entries get offset 0."""
+    in_list = idx < num_rows
+    valid = tl.load(valid_ptr + idx, mask=in_list, other=0) != 0
+    block = tl.load(blocks_ptr + idx, mask=in_list, other=0).to(tl.int64)
+    slot = tl.load(offsets_ptr + idx, mask=in_list, other=0).to(tl.int64)
+    return tl.where(valid, block * stride_cb + slot * stride_cs, 0), valid
 
 
 @triton.jit
@@ -19,8 +43,8 @@ def gathered_attention_kernel(
     lse_ptr,  # [T, H] float32
     q_ptr,  # [T, H, D]
     cache_ptr,  # [num_blocks, block_size, D], any block / slot strides, contiguous features
-    blocks_ptr,  # [T, S] int32
-    offsets_ptr,  # [T, S] int32
+    blocks_ptr,  # [T, S] int32 or int64
+    offsets_ptr,  # [T, S] int32 or int64
     valid_ptr,  # [T, S] uint8
     scale,
     num_heads,
@@ -36,9 +60,10 @@ def gathered_attention_kernel(
     D: tl.constexpr,
     TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    INDEX_AHEAD: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BH + tl.arange(0, BH)
+    heads = tl.program_id(0) * BH + tl.arange(0, BH)
+    t = tl.program_id(1).to(tl.int64)
     head_ok = heads < num_heads
     dims = tl.arange(0, D)
     q = tl.load(
@@ -46,35 +71,47 @@ def gathered_attention_kernel(
         mask=head_ok[:, None],
         other=0.0,
     )
+    acc = tl.zeros([BH, D], dtype=tl.float32)
+    qk_scale = scale * LOG2E
+    blocks_ptr += t * stride_it
+    offsets_ptr += t * stride_it
+    valid_ptr += t * stride_it
     m_i = tl.full([BH], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BH], dtype=tl.float32)
-    acc = tl.zeros([BH, D], dtype=tl.float32)
+    idx = tl.arange(0, TILE)
+    row_off, valid = _row_offsets(
+        blocks_ptr, offsets_ptr, valid_ptr, idx, num_rows, stride_cb, stride_cs
+    )
     for start in range(0, num_rows, TILE):
-        idx = start + tl.arange(0, TILE)
-        in_list = idx < num_rows
-        valid = tl.load(valid_ptr + t * stride_it + idx, mask=in_list, other=0) != 0
-        block = tl.load(blocks_ptr + t * stride_it + idx, mask=valid, other=0).to(tl.int64)
-        slot = tl.load(offsets_ptr + t * stride_it + idx, mask=valid, other=0).to(tl.int64)
+        if not INDEX_AHEAD:
+            row_off, valid = _row_offsets(
+                blocks_ptr, offsets_ptr, valid_ptr, start + idx, num_rows, stride_cb, stride_cs
+            )
         rows = tl.load(
-            cache_ptr + (block * stride_cb + slot * stride_cs)[:, None] + dims[None, :],
-            mask=valid[:, None],
-            other=0.0,
+            cache_ptr + row_off[:, None] + dims[None, :], mask=valid[:, None], other=0.0
         )  # [TILE, D]: keys and values
-        s = tl.dot(q, tl.trans(rows), input_precision=DOT_PRECISION) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
+        tile_valid = valid
+        if INDEX_AHEAD:  # the next tile's entries, loaded while this one is used
+            row_off, valid = _row_offsets(
+                blocks_ptr, offsets_ptr, valid_ptr, start + TILE + idx, num_rows, stride_cb,
+                stride_cs,
+            )  # fmt: skip
+        s = tl.dot(q, tl.trans(rows), input_precision=DOT_PRECISION) * qk_scale  # [BH, TILE]
+        s = tl.where(tile_valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(rows.dtype), rows, input_precision=DOT_PRECISION)
+        pv = tl.dot(p.to(rows.dtype), rows, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     seen = l_i > 0.0
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    norm = tl.where(seen, l_i, 1.0)
     tl.store(
         out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-        out.to(out_ptr.dtype.element_ty),
+        (acc / norm[:, None]).to(out_ptr.dtype.element_ty),
         mask=head_ok[:, None],
     )
-    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    lse = tl.where(seen, (m_i + tl.log2(norm)) * LN2, float("-inf"))
     tl.store(lse_ptr + t * num_heads + heads, lse, mask=head_ok)

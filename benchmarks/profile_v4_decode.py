@@ -1,0 +1,44 @@
+"""One launch of each DeepSeek-V4 partial (window, compressed) per kernel configuration at the
+`v4_decode.py` shape, each after a warm-up launch, for `ncu`:
+
+    ncu --clock-control none --kernel-name regex:gathered_attention_kernel \\
+        --section SpeedOfLight --section WarpStateStats --section Occupancy \\
+        python benchmarks/profile_v4_decode.py --configs 32/64/8/3/1
+
+(`results/ncu_v4_gathered_h100.txt`). Configurations as `v4_decode.py --configs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import v4_decode
+
+from unified_attn.backends.triton.v4_ops import GatherConfig
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--configs", default="32/64/8/3/1", help="BH/TILE/WARPS/STAGES/AHEAD,...")
+    args = parser.parse_args(argv)
+    configs = v4_decode.parse_configs(args.configs)
+    if not torch.cuda.is_available():
+        print("benchmarks/profile_v4_decode.py needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    shape = argparse.Namespace(batch=64, context=65536, heads=64, head_size=512, window=128,
+                               rate=4, topk=512, page=64, rotations=1)  # fmt: skip
+    steps = v4_decode.make_case(shape)
+    for heads, tile, warps, stages, ahead, *cap in configs:
+        cfg = GatherConfig(heads, tile, warps, stages, bool(ahead), *cap)
+        calls = v4_decode.launches(steps, shape.head_size**-0.5, cfg)["triton"]
+        for name in ("swa", "compressed"):
+            for _ in range(2):  # compile and warm up, then the profiled launch
+                calls[name][0]()
+                torch.cuda.synchronize()
+        print(f"profiled {cfg}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

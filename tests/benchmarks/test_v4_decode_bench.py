@@ -1,0 +1,52 @@
+"""Smoke tests of `benchmarks/v4_decode.py` (a GPU benchmark): `--help`, `--configs` parsing
+and its one-line refusal (exit 2), the clear exit without CUDA, and the step order of the
+"both" graph. No timing assertions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "v4_decode.py"
+
+
+def test_help(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--sweep", "--configs", "--rotations", "--topk"):
+        assert flag in text
+
+
+def test_configs_are_parsed_with_an_optional_register_cap(bench):
+    assert bench.parse_configs("32/64/8/3/1,16/32/4/3/0/168") == [
+        (32, 64, 8, 3, 1),
+        (16, 32, 4, 3, 0, 168),
+    ]
+    assert bench.parse_configs("") == bench.SWEEP
+
+
+@pytest.mark.parametrize("text", ["32/64/8/3", "32/64/8/3/2", "a/b/c/d/e", "0/64/8/3/1"])
+def test_bad_configs_exit_with_code_2_and_one_line(bench, capsys, text):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--sweep", "--configs", text])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--configs takes BH/TILE/WARPS/STAGES/AHEAD" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
+def test_a_run_without_cuda_exits_with_code_2(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--out", str(tmp_path / "results")])
+    assert exc.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
+
+
+def test_each_step_runs_its_window_then_its_compressed_launch(bench):
+    calls = {"swa": ["w0", "w1"], "compressed": ["c0", "c1"]}
+    assert bench.interleave(calls) == ["w0", "c0", "w1", "c1"]
