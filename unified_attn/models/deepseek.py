@@ -22,7 +22,7 @@ Parameter names are transformers' own, so a `save_pretrained` checkpoint loads a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -200,6 +200,8 @@ class DeepseekForCausalLM(nn.Module):
         )
         self.backends = {"mla": backend}
         self.rotary = DeepseekRotary(config)
+        # tensor parallelism: the ranks' vocabulary slices of the logits, concatenated
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         with torch.device("meta"):  # no init cost, no global RNG use
             self.model = _Backbone(config, backend)
             self.lm_head = (
@@ -260,7 +262,8 @@ class DeepseekForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return nn.functional.linear(hidden, head.weight).float()
+        logits = nn.functional.linear(hidden, head.weight).float()
+        return logits if self.gather_logits is None else self.gather_logits(logits)
 
 
 def _is_norm(name: str) -> bool:

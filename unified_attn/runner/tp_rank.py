@@ -2,8 +2,9 @@
 
 `check_options` refuses, before any process starts, what `tensor_parallel_size` cannot serve.
 Every rank then builds the same pieces from the engine's config: its model shard
-(`rank_model`: the full model loaded in host memory, cut by `models/tensor_parallel.py` onto
-the rank's device, its row-parallel layers summing over the process group), its `Worker`
+(`rank_model`: the full model loaded in host memory, cut by `models/tensor_parallel.py`, or
+`models/tensor_parallel_deepseek.py` for DeepSeek-V2/V3, onto the rank's device, its
+row-parallel layers summing over the process group), its `Worker`
 (`make_worker`, with the rank's own KV budget, `rank_memory`) and its `ModelRunner`
 (`make_rank_runner`). Each rank sizes its own cache; `agree_on_blocks` makes all use the
 minimum. Rank 0 builds these for the engine itself, the other ranks in their serve loop.
@@ -18,7 +19,13 @@ import torch
 import torch.distributed as dist
 
 from unified_attn.models.config import ModelConfig
+from unified_attn.models.deepseek import DeepseekForCausalLM
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.tensor_parallel import check_tensor_parallel, shard_decoder
+from unified_attn.models.tensor_parallel_deepseek import (
+    check_deepseek_tensor_parallel,
+    shard_deepseek,
+)
 from unified_attn.runner.backend_names import select_engine_backend
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner
@@ -42,13 +49,16 @@ def check_options(config: Any) -> None:
     if n == 1:
         return
     model = model_config(config.model)
-    if not isinstance(model, ModelConfig):
+    if isinstance(model, DeepseekConfig):
+        check_deepseek_tensor_parallel(model, n)
+    elif isinstance(model, ModelConfig):
+        check_tensor_parallel(model, n)
+    else:
         raise ValueError(
             f"tensor_parallel_size={n}: {config.model!r} is a {type(model).__name__} model; "
-            "tensor parallelism serves the Llama-family decoders (not encoder models or "
-            "DeepSeek MLA yet); run it on one device"
+            "tensor parallelism serves the Llama-family decoders and DeepSeek-V2/V3 (not "
+            "encoder models or DeepSeek-V4 yet); run it on one device"
         )
-    check_tensor_parallel(model, n)
     if config.speculative_method is not None:
         raise ValueError(
             f"tensor_parallel_size={n} with speculative_method={config.speculative_method!r} "
@@ -94,7 +104,8 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
         selector_configs(model_config(config.model), dtype, on_device), config.backend
     )
     options = {"batch_invariant": True} if config.batch_invariant else {}
-    model = shard_decoder(
+    shard = shard_deepseek if isinstance(source.model, DeepseekForCausalLM) else shard_decoder
+    model = shard(
         source.model,
         rank,
         world_size,
