@@ -12,6 +12,7 @@ import pytest
 
 from tests.models.hf_models import make_family_model, make_hf_model, save_hf_model
 from tests.models.test_deepseek_hf import make_deepseek
+from tests.models.test_deepseek_v4_hf import make_v4
 from unified_attn import LLMEngine, SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, list(range(40, 90)), [3, 4] * 12]
@@ -48,12 +49,14 @@ def check_equal_to_one_device(model: str, size: int, **options) -> LLMEngine:
         ("tiny-llama", 4),
         ("deepseek-v3-like", 2),
         ("deepseek-v3-like", 4),
+        ("deepseek-v4-like", 2),
     ],
 )
 def test_ranks_give_the_tokens_of_one_device(preset, size):
     """Full, sliding, chunked and sink layers; soft caps; experts; linear-state layers (split
     by heads); TP=4 with 2 KV heads (replicated); MLA (heads split, the latent replicated)
-    with DeepSeekMoE, TP=4 down to one head per rank."""
+    with DeepSeekMoE, TP=4 down to one head per rank; DeepSeek-V4's five cache users per layer,
+    compressors and indexer replicated, hash and top-k routing."""
     engine = check_equal_to_one_device(preset, size, max_num_batched_tokens=48)
     assert len(engine.rank_num_blocks) == size
 
@@ -71,6 +74,7 @@ CHECKPOINTS = {
     # MLA with q_lora, YaRN, grouped sigmoid routing; V2: no q_lora, pair RoPE, 2 shared experts
     "deepseek-v3": lambda: make_deepseek("v3"),
     "deepseek-v2": lambda: make_deepseek("v2"),
+    "deepseek-v4": make_v4,  # sliding, CSA and HCA layers; sinks; grouped output projection
 }
 
 
@@ -120,7 +124,7 @@ def test_a_killed_rank_is_reported_within_30_seconds():
         ("tiny-llama", dict(tensor_parallel_size=3), "does not divide the 4 query heads"),
         ("tiny-llama", dict(tensor_parallel_size=0), "must be a positive int"),
         ("deepseek-v3-like", dict(tensor_parallel_size=3), "does not divide num_heads=4"),
-        ("deepseek-v4-like", dict(tensor_parallel_size=2), "not encoder models or DeepSeek-V4"),
+        ("deepseek-v4-like", dict(tensor_parallel_size=4), "does not divide o_groups=2"),
         (
             "tiny-llama",
             dict(tensor_parallel_size=2, kv_cache_memory=["1MiB"]),

@@ -18,7 +18,7 @@ Parameter names are transformers' own, so a `save_pretrained` checkpoint loads a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import attrs
@@ -197,6 +197,8 @@ class DeepseekV4ForCausalLM(nn.Module):
         self.config, self.dtype = config, dtype
         self.backends = make_backends(config, backend_cls, dtype, backend_options or {})
         self.rotary = V4Rotary(config)
+        # tensor parallelism: the ranks' vocabulary slices of the logits, concatenated
+        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         with torch.device("meta"):  # no init cost, no global RNG use
             self.model = _Backbone(config, self.backends)
             self.lm_head = (
@@ -262,7 +264,8 @@ class DeepseekV4ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return nn.functional.linear(hidden, head.weight).float()
+        logits = nn.functional.linear(hidden, head.weight).float()
+        return logits if self.gather_logits is None else self.gather_logits(logits)
 
 
 def _starts_at_one(name: str) -> bool:

@@ -139,8 +139,8 @@ class ReducedOutput(nn.Module):
         self.module = module
         self.all_reduce = all_reduce
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.module(x)
+    def forward(self, x: torch.Tensor, *args: Any) -> torch.Tensor:
+        out = self.module(x, *args)  # args: e.g. DeepSeek-V4's token ids (hash routing)
         self.all_reduce(out)
         return out
 

@@ -3,7 +3,7 @@
 `check_options` refuses, before any process starts, what `tensor_parallel_size` cannot serve.
 Every rank then builds the same pieces from the engine's config: its model shard
 (`rank_model`: the full model loaded in host memory, cut by `models/tensor_parallel.py`, or
-`models/tensor_parallel_deepseek.py` for DeepSeek-V2/V3, onto the rank's device, its
+`models/tensor_parallel_deepseek.py` for DeepSeek, onto the rank's device, its
 row-parallel layers summing over the process group), its `Worker`
 (`make_worker`, with the rank's own KV budget, `rank_memory`) and its `ModelRunner`
 (`make_rank_runner`). Each rank sizes its own cache; `agree_on_blocks` makes all use the
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from unified_attn.models.config import ModelConfig
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig
+from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.tensor_parallel import check_tensor_parallel, shard_decoder
 from unified_attn.models.tensor_parallel_deepseek import (
     check_deepseek_tensor_parallel,
@@ -49,15 +50,15 @@ def check_options(config: Any) -> None:
     if n == 1:
         return
     model = model_config(config.model)
-    if isinstance(model, DeepseekConfig):
+    if isinstance(model, DeepseekConfig | DeepseekV4Config):
         check_deepseek_tensor_parallel(model, n)
     elif isinstance(model, ModelConfig):
         check_tensor_parallel(model, n)
     else:
         raise ValueError(
             f"tensor_parallel_size={n}: {config.model!r} is a {type(model).__name__} model; "
-            "tensor parallelism serves the Llama-family decoders and DeepSeek-V2/V3 (not "
-            "encoder models or DeepSeek-V4 yet); run it on one device"
+            "tensor parallelism serves decoder-only models (not encoder models yet); run it on "
+            "one device"
         )
     if config.speculative_method is not None:
         raise ValueError(
@@ -104,7 +105,8 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
         selector_configs(model_config(config.model), dtype, on_device), config.backend
     )
     options = {"batch_invariant": True} if config.batch_invariant else {}
-    shard = shard_deepseek if isinstance(source.model, DeepseekForCausalLM) else shard_decoder
+    deepseek = isinstance(source.model, DeepseekForCausalLM | DeepseekV4ForCausalLM)
+    shard: Any = shard_deepseek if deepseek else shard_decoder
     model = shard(
         source.model,
         rank,
