@@ -25,3 +25,22 @@ def test_two_ranks_give_the_tokens_of_one_device_in_float32(preset):
     finally:
         engine.shutdown()
     assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3-like", "deepseek-v4-like"])
+def test_deepseek_ranks_on_the_triton_kernels_give_the_tokens_of_one_device(preset):
+    """MLA and V4 shards: each rank's Triton backends see its local heads over the replicated
+    latent caches (MLA decode replays graphs)."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    single = LLMEngine(preset, **options)
+    want = single.generate(PROMPTS, params)
+    backend = single.backend_cls
+    del single
+    engine = LLMEngine(preset, tensor_parallel_size=2, **options)
+    try:
+        got = engine.generate(PROMPTS, params)
+        assert engine.backend_cls is backend and backend.name.startswith("triton")
+    finally:
+        engine.shutdown()
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]

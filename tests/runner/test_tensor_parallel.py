@@ -42,6 +42,8 @@ def check_equal_to_one_device(model: str, size: int, **options) -> LLMEngine:
     "preset, size",
     [
         ("tiny-hybrid", 2),
+        ("mistral-like", 2),
+        ("llama4-like", 2),
         ("gemma2-like", 2),
         ("streaming-llm", 2),
         ("gpt-oss-like", 2),
