@@ -76,10 +76,11 @@ from unified_attn.backends.deepseek_v4_steps import (
     attend_rows,
     block_size_of,
     check_tensor,
+    device_lookup,
     group_ids,
-    host_table,
+    on_device,
+    slot_writes,
     step_layout,
-    table_lookup,
     write_rows,
 )
 from unified_attn.managers import SlidingWindowManager
@@ -91,9 +92,8 @@ from unified_attn.tensor_specs import LatentKVSpec
 class WindowIndex:
     """One KV-cache group of the sliding-window latents (device tensors)."""
 
-    write_rows: torch.Tensor  # [Tw] int64 token rows that have a slot
-    write_blocks: torch.Tensor  # [Tw] int64
-    write_offsets: torch.Tensor  # [Tw] int64
+    write_blocks: torch.Tensor  # [T] int64: each token row's slot (the null block without one)
+    write_offsets: torch.Tensor  # [T] int64
     key_blocks: torch.Tensor  # [T, W] int64: positions p - W + 1 .. p of each token
     key_offsets: torch.Tensor  # [T, W] int64
     key_valid: torch.Tensor  # [T, W] bool: False before position 0
@@ -160,14 +160,12 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
         layout = step_layout(common)
         window = self.sliding_window
         keys = layout.positions[:, None] - (window - 1) + torch.arange(window)  # [T, W]
-        groups = {}
+        groups, device = {}, common.positions.device
         for gid in group_ids(self):
-            table, bs = host_table(block_tables, gid), block_size_of(self, common, gid, 1)
-            slots = common.slot_mappings[gid][: layout.num_tokens].cpu()
-            rows = torch.nonzero(slots >= 0).flatten()
-            blocks, offsets = table_lookup(table, layout.request[:, None], keys, bs)
-            tensors = (rows, slots[rows] // bs, slots[rows] % bs, blocks, offsets, keys >= 0)
-            groups[gid] = WindowIndex(*(t.to(common.positions.device) for t in tensors))
+            bs = block_size_of(self, common, gid, 1)
+            writes = slot_writes(common.slot_mappings[gid][: layout.num_tokens], bs)
+            reads = device_lookup(block_tables[gid], layout.request[:, None], keys, bs, device)
+            groups[gid] = WindowIndex(*writes, *reads, on_device(keys >= 0, device))
         self.plan = WindowPlan(layout.num_tokens, groups)
 
     def forward(
@@ -194,8 +192,7 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
         check_tensor(layer, "lse", lse, (n, heads), torch.float32, device)
         index = plan.groups[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]  # [num_blocks, block_size, D]
-        rows = index.write_rows
-        write_rows(cache, index.write_blocks, index.write_offsets, key[rows])
+        write_rows(cache, index.write_blocks, index.write_offsets, key)
         out = output.view(n, heads, width)
         self.attend_rows(query, cache, index.key_blocks, index.key_offsets, index.key_valid,
                          layer.scale, out, lse)  # fmt: skip

@@ -24,15 +24,15 @@ from unified_attn.backend import (
     LayerConfig,
 )
 from unified_attn.backends.deepseek_v4_steps import (
-    StepLayout,
     attend_rows,
     block_size_of,
     check_tensor,
     closing_windows,
+    device_lookup,
     group_ids,
-    host_table,
+    on_device,
+    slot_writes,
     step_layout,
-    table_lookup,
     write_rows,
 )
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
@@ -62,9 +62,8 @@ class WindowRows:
     """One KV-cache group of a compressor: where new rows go and which rows each closing window
     reads (device tensors)."""
 
-    write_rows: torch.Tensor  # [Tw] int64 token rows that have a slot
-    write_blocks: torch.Tensor  # [Tw] int64
-    write_offsets: torch.Tensor  # [Tw] int64
+    write_blocks: torch.Tensor  # [T] int64: each token row's slot (the null block without one)
+    write_offsets: torch.Tensor  # [T] int64
     read_blocks: torch.Tensor  # [N, span] int64: the rows of each closing window
     read_offsets: torch.Tensor  # [N, span] int64
     read_valid: torch.Tensor  # [N, span] bool: False before position 0
@@ -114,31 +113,14 @@ class CompressorStateBackend(AttentionBackend[CompressorPlan]):
         request, window = closing_windows(layout, self.compress_rate)
         first = window * self.compress_rate - (self.span - self.compress_rate)
         positions = first[:, None] + torch.arange(self.span)  # [N, span]
-        groups = {
-            gid: self._group(common, gid, host_table(block_tables, gid), layout, request, positions)
-            for gid in group_ids(self)
-        }
-        starts = (window * self.compress_rate).to(common.positions.device)
+        device, groups = common.positions.device, {}
+        for gid in group_ids(self):
+            bs = common.block_sizes.get(gid) or self._bs(gid)
+            writes = slot_writes(common.slot_mappings[gid][: layout.num_tokens], bs)
+            reads = device_lookup(block_tables[gid], request[:, None], positions, bs, device)
+            groups[gid] = WindowRows(*writes, *reads, on_device(positions >= 0, device))
+        starts = on_device(window * self.compress_rate, device)
         self.plan = CompressorPlan(layout.num_tokens, int(request.shape[0]), starts, groups)
-
-    def _group(
-        self,
-        common: CommonAttentionMetadata,
-        gid: int,
-        table: torch.Tensor,
-        layout: StepLayout,
-        request: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> WindowRows:
-        bs = common.block_sizes.get(gid) or self._bs(gid)
-        slots = common.slot_mappings[gid][: layout.num_tokens].cpu()
-        rows = torch.nonzero(slots >= 0).flatten()
-        blocks, offsets = table_lookup(table, request[:, None], positions, bs)
-        device = common.positions.device
-        return WindowRows(
-            *(t.to(device) for t in (rows, slots[rows] // bs, slots[rows] % bs)),
-            *(t.to(device) for t in (blocks, offsets, positions >= 0)),
-        )
 
     def _bs(self, gid: int) -> int:
         """Tokens per block read off a bound view `[num_blocks, 2, block_size, 1, width]`."""
@@ -167,9 +149,9 @@ class CompressorStateBackend(AttentionBackend[CompressorPlan]):
         index = plan.groups[self.group_of_layer[layer.name]]
         self._check(layer, output, query, key, value, plan)
         cache = self.kv_caches[layer.name]  # [num_blocks, 2, block_size, 1, width]
-        rows = index.write_rows
-        cache[index.write_blocks, 0, index.write_offsets, 0] = key[rows]
-        cache[index.write_blocks, 1, index.write_offsets, 0] = value[rows]
+        n = plan.num_tokens
+        cache[index.write_blocks, 0, index.write_offsets, 0] = key[:n]
+        cache[index.write_blocks, 1, index.write_offsets, 0] = value[:n]
         gathered = cache[index.read_blocks, :, index.read_offsets, 0]  # [N, span, 2, width]
         kv = gathered[:, :, 0].masked_fill(~index.read_valid[:, :, None], 0.0)
         gate = gathered[:, :, 1].masked_fill(~index.read_valid[:, :, None], float("-inf"))
@@ -258,16 +240,16 @@ class _CompressedCacheBackend(AttentionBackend[EntryPlan]):
         num_entries = int(layout.seq_lens.max()) // rate if layout.seq_lens.numel() else 0
         entries = torch.arange(num_entries)
         visible = entries < ((layout.positions + 1) // rate)[:, None]  # [T, E]
-        groups = {}
+        device, groups = common.positions.device, {}
+        reqs, starts = torch.arange(layout.computed.shape[0])[:, None], entries[None, :] * rate
         for gid in group_ids(self):
-            table, bs = host_table(block_tables, gid), block_size_of(self, common, gid, rate)
-            write_blocks, write_offsets = table_lookup(table, request, window * rate, bs)
-            reqs = torch.arange(layout.computed.shape[0])[:, None]
-            read_blocks, read_offsets = table_lookup(table, reqs, entries[None, :] * rate, bs)
-            tensors = (write_blocks, write_offsets // rate, read_blocks, read_offsets // rate)
+            table, bs = block_tables[gid], block_size_of(self, common, gid, rate)
+            write_blocks, write_offsets = device_lookup(table, request, window * rate, bs, device)
+            read_blocks, read_offsets = device_lookup(table, reqs, starts, bs, device)
             groups[gid] = EntryIndex(
-                *(t.to(common.positions.device) for t in (*tensors, layout.request, visible))
-            )
+                write_blocks, write_offsets // rate, read_blocks, read_offsets // rate,
+                on_device(layout.request, device), on_device(visible, device),
+            )  # fmt: skip
         self.plan = EntryPlan(layout.num_tokens, int(request.shape[0]), num_entries, groups)
 
     def _entries(

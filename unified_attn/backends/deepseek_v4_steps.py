@@ -7,8 +7,6 @@ Everything here that takes `common` runs in `prep_forward` (host work); `partial
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import torch
 
@@ -53,18 +51,35 @@ def closing_windows(layout: StepLayout, rate: int) -> tuple[torch.Tensor, torch.
     return request, window
 
 
-def table_lookup(
-    table: torch.Tensor, request: torch.Tensor, positions: torch.Tensor, block_size: int
+def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor of the plan on `device`: an asynchronous copy (from pageable memory it is
+    staged at once), so the host never waits for the device's queue."""
+    return t.to(device, non_blocking=True)
+
+
+def device_lookup(
+    table: torch.Tensor,
+    request: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(block id, offset in block) host int64 of token `positions` of `request` rows (any equal
-    shapes) in a host block table `[B, max_blocks]`; negative positions read block column 0
-    (callers mask them)."""
+    """(block id, offset in block) device int64 of token `positions` of `request` rows (host
+    int64, broadcastable) in the device block table `[B, max_blocks]`: the index math on the
+    host, the table read on the device, so the table is never copied back. Negative positions
+    read block column 0 (callers mask them)."""
     safe = positions.clamp(min=0)
-    return table[request, safe // block_size].long(), safe % block_size
+    rows, columns = torch.broadcast_tensors(request, safe // block_size)
+    blocks = table[on_device(rows, device), on_device(columns, device)].long()
+    return blocks, on_device(safe % block_size, device)
 
 
-def host_table(block_tables: dict[int, torch.Tensor], gid: int) -> torch.Tensor:
-    return block_tables[gid].cpu().long()
+def slot_writes(slots: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block, offset) device int64 where each token row's new data goes: its slot (device
+    `[T]` int64) in blocks of `block_size`, or block 0, the null block no reader takes data from,
+    for a row without one (-1). Every row is written: no data-dependent shape, no host sync."""
+    valid = slots >= 0
+    return torch.where(valid, slots // block_size, 0), torch.where(valid, slots % block_size, 0)
 
 
 def group_ids(backend: AttentionBackend) -> list[int]:
@@ -83,10 +98,6 @@ def block_size_of(
         if group == gid:
             return int(backend.kv_caches[name].shape[1]) * tokens_per_row
     raise KeyError(f"{backend.name}: no layer of this backend is in KV-cache group {gid}")
-
-
-def to_device(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, Any]:
-    return {name: t.to(device) for name, t in tensors.items()}
 
 
 # ---- device math (forward) -------------------------------------------------------------------
