@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from tests.backends.batch import PagedBatch, make_batch
 from unified_attn.backend import LayerConfig
-from unified_attn.backends.mla import (
-    MLAReferenceBackend,
+from unified_attn.backends.mla import MLAReferenceBackend
+from unified_attn.backends.mla_math import (
     absorb_query,
     reference_absorbed_attention,
     reference_write_latent,

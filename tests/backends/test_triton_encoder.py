@@ -22,7 +22,7 @@ from unified_attn.backend import (
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.backends.triton import TritonAttentionBackend
 from unified_attn.managers import CrossAttentionManager
-from unified_attn.runner.model_runner import encoder_metadata
+from unified_attn.runner.step_inputs import encoder_metadata
 from unified_attn.selector import SelectorConfig
 
 GPU = torch.cuda.is_available()

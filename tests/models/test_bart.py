@@ -17,7 +17,7 @@ from unified_attn.backend import AttentionType, CommonAttentionMetadata
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.models.bart import BartConfig, EncoderDecoderModel
 from unified_attn.models.hf_encoders import bart_config_from_hf, load_bart
-from unified_attn.runner.model_runner import encoder_metadata
+from unified_attn.runner.step_inputs import encoder_metadata
 from unified_attn.runner.worker import Worker
 
 ENCODER_LENS = [11, 5]

@@ -15,7 +15,7 @@ from unified_attn.backend import AttentionType
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.models.bert import BertConfig, BertEncoderModel
 from unified_attn.models.hf_encoders import bert_config_from_hf, load_bert
-from unified_attn.runner.model_runner import encoder_metadata
+from unified_attn.runner.step_inputs import encoder_metadata
 
 LENGTHS = [7, 1, 19]
 

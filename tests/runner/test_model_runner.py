@@ -15,8 +15,9 @@ from tests.runner.builders import add, make_scheduler, sample_all, summary
 from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.managers import FullAttentionManager
-from unified_attn.runner.model_runner import BlockTables, ModelRunner, backend_group_ids
+from unified_attn.runner.model_runner import ModelRunner, backend_group_ids
 from unified_attn.runner.scheduler import SchedulerOutput
+from unified_attn.runner.step_inputs import BlockTables
 from unified_attn.runner.worker import GroupPlan, KVCachePlan, plan_kv_cache
 
 FULL_CONFIG = FullAttentionManager.Config()

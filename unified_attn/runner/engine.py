@@ -20,7 +20,6 @@ from unified_attn.request import Request
 from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.kv_access import KVCacheAccess
-from unified_attn.runner.model_runner import StepResult
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.outputs import EncodeOutput, RequestOutput, StreamDelta
 from unified_attn.runner.prompts import PromptReader, RequestIds, as_list, pack_prompts
@@ -36,6 +35,7 @@ from unified_attn.runner.request_tracker import RequestTracker
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.sequences import ParentRequest
 from unified_attn.runner.speculative import build_drafter, propose_drafts
+from unified_attn.runner.step_inputs import StepResult
 from unified_attn.runner.tensor_parallel import TensorParallelGroup, serve_launched_rank
 from unified_attn.runner.tp_rank import (
     agree_on_blocks,

@@ -10,7 +10,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from unified_attn.request import RequestStatus
-from unified_attn.runner.model_runner import StepResult
 from unified_attn.runner.outputs import RequestOutput, SampleLogprobs, StreamDelta
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.sequences import (
@@ -20,6 +19,7 @@ from unified_attn.runner.sequences import (
     gather_logprobs,
     request_output,
 )
+from unified_attn.runner.step_inputs import StepResult
 
 
 class RequestTracker:
