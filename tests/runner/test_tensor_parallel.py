@@ -103,6 +103,26 @@ def test_every_rank_sizes_its_cache_and_all_use_the_minimum():
     assert first == 2 * one.worker.num_blocks  # a rank holds half the KV heads
 
 
+def test_an_idle_engine_keeps_its_ranks_past_the_collective_timeout(monkeypatch):
+    """The other ranks wait for rank 0's next step however long the engine sits idle (here
+    longer than the 6 s collective timeout the spawned ranks inherit)."""
+    monkeypatch.setenv("UNIFIED_ATTN_TP_TIMEOUT_S", "6")
+    want = LLMEngine("tiny-llama").generate([PROMPTS[0]], PARAMS[0])
+    engine = LLMEngine("tiny-llama", tensor_parallel_size=2)
+    try:
+        time.sleep(8)
+        got = engine.generate([PROMPTS[0]], PARAMS[0])
+    finally:
+        engine.shutdown()
+    assert got[0].output_token_ids == want[0].output_token_ids
+
+
+def test_a_bad_collective_timeout_is_refused_before_any_process_starts(monkeypatch):
+    monkeypatch.setenv("UNIFIED_ATTN_TP_TIMEOUT_S", "soon")
+    with pytest.raises(ValueError, match="UNIFIED_ATTN_TP_TIMEOUT_S='soon': expected a positive"):
+        LLMEngine("tiny-llama", tensor_parallel_size=2)
+
+
 def test_a_killed_rank_is_reported_within_30_seconds():
     engine = LLMEngine("tiny-llama", tensor_parallel_size=2)
     try:

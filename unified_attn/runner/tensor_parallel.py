@@ -2,18 +2,18 @@
 
 `LLMEngine(model, tensor_parallel_size=N)` runs rank 0 in the caller's process and spawns ranks
 1..N-1 (`TensorParallelGroup`); all join one process group (gloo on CPU, NCCL on CUDA: rank r
-uses `cuda:r`), and a gloo control group carries the block agreement and the step messages
-(`runner/tp_process_group.py`). Every rank builds the same model shard, plans and sizes its own
-KV cache from its own memory, and the ranks agree on the minimum block count with one
-all-reduce (`runner/tp_rank.py`). Each step rank 0 broadcasts a compact `StepMessage`
-(`runner/tp_messages.py`: new requests, new tokens, the scheduled entries) and every rank runs
-its `ModelRunner` on it (`serve_rank`); the row-parallel projections all-reduce inside the
-forward. Only rank 0's sampled tokens are used.
+uses `cuda:r`), and a gloo control group carries the block agreement and the step messages,
+which the other ranks wait for as long as the engine stays idle (`runner/tp_process_group.py`).
+Every rank builds the same model shard, plans and sizes its own KV cache from its own memory,
+and the ranks agree on the minimum block count with one all-reduce (`runner/tp_rank.py`). Each
+step rank 0 broadcasts a compact `StepMessage` (`runner/tp_messages.py`: new requests, new
+tokens, the scheduled entries) and every rank runs its `ModelRunner` on it (`serve_rank`); the
+row-parallel projections all-reduce inside the forward. Only rank 0's sampled tokens are used.
 
 This module holds the ranks' processes: rank 0's side (`TensorParallelGroup`: spawning,
 broadcasting, failure reports and shutdown) and the other ranks' serve loop, spawned
 (`_rank_main`) or started by torchrun (`serve_launched_rank`). A rank that raises or dies makes
-rank 0's next collective fail (or time out after `TIMEOUT_S`); the engine then raises a
+rank 0's next collective fail (or time out after `timeout_s()`); the engine then raises a
 `RuntimeError` naming the rank and stops the others.
 """
 
@@ -62,7 +62,7 @@ def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None)
     replica = Replica()
     while True:
         box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0, group=control)
+        dist.broadcast_object_list(box, src=0, group=control)  # as long as rank 0 is idle
         if box[0] is None:
             break
         runner.execute(replica.output(box[0]), sample=False)  # rank 0 samples

@@ -3,8 +3,12 @@
 Who launched the ranks (`torchrun_rank`: a launcher such as torchrun set its variables, or the
 engine spawns them itself), which device a rank uses (`rank_device`), where spawned ranks meet
 (`free_port`), joining the group (`join_group`: NCCL or gloo for the model, gloo for control)
-and leaving it, bounded even where NCCL's orderly teardown would hang (`leave_group`). Every
-collective on the group fails after `TIMEOUT_S` of waiting on a silent rank.
+and leaving it, bounded even where NCCL's orderly teardown would hang (`leave_group`). The
+model's collectives fail after `timeout_s()` (30 s, or the environment's
+`UNIFIED_ATTN_TP_TIMEOUT_S`) of waiting on a silent rank; the control group's (the block
+agreement, the step messages) wait up to `IDLE_LIMIT`, so ranks may load a model at different
+speeds and an engine may sit idle between steps, while a dead peer still ends any wait at once
+(its connections close).
 """
 
 from __future__ import annotations
@@ -18,7 +22,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-TIMEOUT_S = 30  # a collective waiting this long on a silent rank fails
+TIMEOUT_S = 30.0  # a collective waiting this long on a silent rank fails (default)
+TIMEOUT_VARIABLE = "UNIFIED_ATTN_TP_TIMEOUT_S"
+IDLE_LIMIT = datetime.timedelta(days=365)  # the control group's waits: startup, idle engines
+
+
+def timeout_s() -> float:
+    """Seconds a collective waits on a silent rank: `UNIFIED_ATTN_TP_TIMEOUT_S` if set (spawned
+    ranks inherit it), else `TIMEOUT_S`."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if text is None:
+        return TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(
+            f"{TIMEOUT_VARIABLE}={text!r}: expected a positive number of seconds; unset it for "
+            f"the default {TIMEOUT_S:g}"
+        )
+    return value
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -67,24 +91,25 @@ def free_port() -> int:
 
 
 def join_group(config: Any, rank: int, world_size: int, port: int | None) -> Any:
-    """Join the ranks' group (NCCL on CUDA, for the model's all-reduces, else gloo) and return
-    the control group: gloo, for the block agreement and the step messages. Gloo notices a
-    dead peer (its connections close) and honours the timeout, where a NCCL collective would
-    wait for it forever; and small host messages need no device copies. `port` None: meet at
-    the launcher's `MASTER_ADDR:MASTER_PORT` (torchrun), else on this host at `port`."""
+    """Join the ranks' group (NCCL on CUDA, for the model's all-reduces, else gloo; they fail
+    after `timeout_s()`) and return the control group: gloo, for the block agreement and the
+    step messages, waited on for up to `IDLE_LIMIT`, since ranks may load a large model at
+    different speeds and an engine may sit idle between steps. Gloo notices a dead peer (its
+    connections close) whatever the timeout, where a NCCL collective would wait for it forever;
+    and small host messages need no device copies. `port` None: meet at the launcher's
+    `MASTER_ADDR:MASTER_PORT` (torchrun), else on this host at `port`."""
     cuda = torch.device(config.device).type == "cuda"
     if cuda:
         torch.cuda.set_device(rank_device(config, rank))
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         # spawned ranks meet on this host; torchrun's ranks at its MASTER_ADDR:MASTER_PORT
         init_method="env://" if port is None else f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
-        timeout=timeout,
+        timeout=datetime.timedelta(seconds=timeout_s()),
     )
-    return dist.new_group(backend="gloo", timeout=timeout) if cuda else dist.group.WORLD
+    return dist.new_group(backend="gloo", timeout=IDLE_LIMIT)
 
 
 def leave_group(timeout_s: float = 10.0) -> bool:

@@ -37,7 +37,7 @@ from unified_attn.runner.model_source import (
     model_config,
     selector_configs,
 )
-from unified_attn.runner.tp_process_group import rank_device
+from unified_attn.runner.tp_process_group import rank_device, timeout_s
 from unified_attn.runner.worker import Worker
 from unified_attn.tensor_specs import as_dtype
 
@@ -49,6 +49,7 @@ def check_options(config: Any) -> None:
         raise ValueError(f"tensor_parallel_size must be a positive int, got {n!r}")
     if n == 1:
         return
+    timeout_s()  # a bad UNIFIED_ATTN_TP_TIMEOUT_S is refused before any process starts
     model = model_config(config.model)
     if isinstance(model, DeepseekConfig | DeepseekV4Config):
         check_deepseek_tensor_parallel(model, n)
