@@ -130,3 +130,21 @@ def test_a_loss_is_reported_as_a_loss():
 def test_real_shapes_have_their_context_lengths():
     assert REAL_SHAPES["gpt-oss-20b"].max_position_embeddings == 131072
     assert REAL_SHAPES["gemma2-9b"].max_position_embeddings == 8192
+
+
+def test_plan_for_a_deepseek_v4_rank_keeps_one_devices_caches(capsys):
+    """V4's latent caches are replicated on every rank (heads split, one shared latent): a
+    rank's plan has one device's groups and capacity."""
+    import json
+
+    from unified_attn.cli import main
+
+    reports = []
+    for size in ("1", "2"):
+        argv = ["plan", "--model", "deepseek-v4-like", "--tensor-parallel-size", size, "--json"]
+        assert main(argv) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    one, two = (r["hybrid"] for r in reports)
+    assert two == one
+    assert main(["plan", "--model", "deepseek-v4-like", "--tensor-parallel-size", "4"]) == 2
+    assert "does not divide o_groups=2" in capsys.readouterr().err

@@ -26,8 +26,9 @@ from unified_attn.harness.plan import (
     full_capacity,
     resolve_model_config,
 )
-from unified_attn.models import DeepseekV4Config, ModelConfig
+from unified_attn.models import DeepseekV4Config
 from unified_attn.models.tensor_parallel import shard_config, shard_plan
+from unified_attn.models.tensor_parallel_deepseek import shard_deepseek_config
 from unified_attn.runner.memory import format_memory
 from unified_attn.runner.model_source import DEFAULT_MODEL, resolve_max_model_len
 from unified_attn.tensor_specs import as_dtype
@@ -102,14 +103,12 @@ def main(args: Any) -> int:
     if args.png:
         require_matplotlib()
     config = resolve_model_config(args.model)
-    if args.tensor_parallel_size > 1 and isinstance(config, DeepseekV4Config):
-        raise ValueError(
-            f"--tensor-parallel-size {args.tensor_parallel_size}: DeepSeek-V4 models are not "
-            "sharded yet; plan them with --tensor-parallel-size 1"
-        )
     if args.tensor_parallel_size > 1:  # every rank holds the same shard: plan rank 0's
-        assert isinstance(config, ModelConfig)
-        config = shard_config(config, shard_plan(config, 0, args.tensor_parallel_size))
+        n = args.tensor_parallel_size
+        if isinstance(config, DeepseekV4Config):  # the latent caches are replicated: the same
+            config = shard_deepseek_config(config, n)  # groups as one device, local heads
+        else:
+            config = shard_config(config, shard_plan(config, 0, n))
     max_model_len = resolve_max_model_len(args.max_model_len, config)
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
                   max_in_flight_tokens=args.max_num_batched_tokens,
