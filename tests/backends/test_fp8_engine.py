@@ -45,7 +45,8 @@ def test_fp8_with_tensor_parallelism_is_refused_before_anything_starts():
     "model, backend, reason",
     [
         ("tiny-llama", "legacy-reference", "KV-cache dtype fp8 must equal the model dtype"),
-        ("deepseek-v3-like", None, "fp8"),
+        ("deepseek-v3-like", "triton-mla", "the MLA kernel reads a latent cache of the model"),
+        ("deepseek-v4-like", None, "KV-cache dtype fp8 must equal the model dtype"),
     ],
 )
 def test_backends_without_fp8_refuse_it_naming_themselves(model, backend, reason):
@@ -53,6 +54,20 @@ def test_backends_without_fp8_refuse_it_naming_themselves(model, backend, reason
         LLMEngine(model, backend=backend, kv_cache_dtype="fp8")
     if backend is not None:
         assert repr(backend) in str(error.value)
+
+
+def test_an_fp8_latent_page_doubles_the_capacity_of_a_16_bit_mla_cache():
+    """MLA's one latent per token (mla-reference): the page halves, the blocks double."""
+    reports = {
+        kv: LLMEngine(
+            "deepseek-v3-like", dtype="float16", kv_cache_dtype=kv, kv_cache_memory="4MiB"
+        )
+        for kv in ("auto", "fp8")
+    }
+    auto, fp8 = (e.kv_cache_report for e in reports.values())
+    assert fp8.num_blocks == pytest.approx(2 * auto.num_blocks, abs=1)
+    backend = next(iter(reports["fp8"].model.attention_layers()))[1]
+    assert backend.name == "mla-reference" and backend.kv_scales is not None
 
 
 def test_the_fp8_page_doubles_the_capacity_of_a_16_bit_cache():
@@ -192,7 +207,7 @@ def test_modelopt_names_of_the_scales_are_read_too():
 # The documented tolerance (docs/kv-cache.md): relative to the largest |logit|, the mean |Δ| of
 # the prompt logits <= 2% and the 90th percentile of each token's max |Δ| <= 10%; dense presets
 # also keep every token's max |Δ| <= 10% (a MoE router may flip experts on a few tokens).
-DENSE = {"tiny-llama": True, "gemma2-like": True, "gpt-oss-like": False}
+DENSE = {"tiny-llama": True, "gemma2-like": True, "gpt-oss-like": False, "deepseek-v3-like": False}
 
 
 @pytest.mark.parametrize("preset", DENSE)

@@ -3,12 +3,14 @@ absorbed and up-projected rows, mixed batches, sliding windows, cache writes, ba
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tests.backends.batch import PagedBatch, make_batch
 from unified_attn.backend import LayerConfig
+from unified_attn.backends.kv_quant import dequantize_fp8, quantize_fp8
 from unified_attn.backends.mla import MLAReferenceBackend
 from unified_attn.backends.mla_math import (
     absorb_query,
@@ -242,7 +244,10 @@ def test_bad_inputs_name_the_layer(change, message):
         (dict(kv_lora_rank=WIDTH), r"kv_lora_rank=32, expected an int in \(0, head_size=32\)"),
         (dict(attention_chunk_size=8), "attention_chunk_size=8"),
         (dict(sliding_window=8, num_sink_tokens=4), "num_sink_tokens=4"),
-        (dict(kv_cache_dtype="float16"), "kv_cache_dtype=torch.float16 differs"),
+        (
+            dict(kv_cache_dtype="float16"),
+            "kv_cache_dtype=torch.float16 is neither dtype=torch.float32 nor fp8",
+        ),
     ],
 )
 def test_bad_construction_names_the_argument(kwargs, message):
@@ -257,3 +262,36 @@ def test_layers_must_agree_with_the_backend():
         backend.check_layer(LayerConfig("x", H, 1, 24, SCALE))
     with pytest.raises(ValueError, match=r"layer x: logits_soft_cap=30\.0 is not supported"):
         backend.check_layer(LayerConfig("x", H, 1, WIDTH, SCALE, logits_soft_cap=30.0))
+
+
+@pytest.mark.parametrize(("computed", "new"), MIXED)
+@pytest.mark.parametrize("absorb_prefill", [False, True])
+def test_an_fp8_latent_cache_is_attention_over_its_dequantized_latents(
+    computed, new, absorb_prefill, monkeypatch
+):
+    """fp8 (e4m3) latent cache with the checkpoint's scale: the written bytes are the latents
+    quantized with saturation, and both paths (absorbed, up-projected) attend over the cache's
+    dequantized values exactly as over a model-dtype cache holding them."""
+    monkeypatch.setattr(MLAReferenceBackend, "absorb_prefill", absorb_prefill)
+    batch = make_batch(computed, new, num_kv_heads=1, head_size=WIDTH, block_size=BLOCK_SIZE,
+                       num_blocks=NUM_BLOCKS, seed=3)  # fmt: skip
+    scale = torch.tensor(0.01)  # saturates the largest latents (|x| > 4.48)
+    backend = MLAReferenceBackend(head_size=WIDTH, dtype=torch.float32, kv_lora_rank=L,
+                                  kv_cache_dtype="fp8")  # fmt: skip
+    cache = bound(backend)
+    assert cache.dtype == torch.float8_e4m3fn
+    for i, c in enumerate(computed):  # the cached tokens, as an earlier step wrote them
+        pos = torch.arange(c)
+        blocks = batch.block_table[i, pos // BLOCK_SIZE].long()
+        cache[blocks, pos % BLOCK_SIZE] = quantize_fp8(batch.k_full[i][:c, 0], scale)
+    backend.prep_forward(batch.common, {0: batch.block_table})
+    q, latent, weight = queries(len(batch.k_new)), batch.k_new[:, 0], kv_b_proj()
+    out = torch.full((len(q), H * V), float("nan"))
+    backend.forward(layer_config(), out, q, latent, latent, kv_b_proj=weight,
+                    kv_scales=torch.stack([scale, scale]))  # fmt: skip
+    seen = [dequantize_fp8(quantize_fp8(k, scale), scale) for k in batch.k_full]
+    want = sdpa_reference(attrs.evolve(batch, k_full=seen), q, weight)
+    torch.testing.assert_close(out.view(-1, H, V), want, rtol=1e-4, atol=1e-4)
+    slots = batch.common.slot_mappings[0]
+    stored = cache[slots // BLOCK_SIZE, slots % BLOCK_SIZE]
+    assert torch.equal(stored.view(torch.uint8), quantize_fp8(latent, scale).view(torch.uint8))

@@ -64,6 +64,14 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
+from unified_attn.backends.kv_quant import (
+    KVScales,
+    dequantize_fp8,
+    fp8_name_as_dtype,
+    fp8_scales,
+    kv_cache_dtype_reasons,
+    quantize_fp8,
+)
 from unified_attn.backends.mla_math import (
     absorb_query,
     reference_absorbed_attention,
@@ -73,6 +81,7 @@ from unified_attn.backends.mla_math import (
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
 from unified_attn.selector import SelectorConfig, register_backend
 from unified_attn.tensor_specs import LatentKVSpec
+from unified_attn.tensor_specs.paged import FP8_KV_DTYPE
 
 
 @attrs.frozen
@@ -105,18 +114,19 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
     absorb_prefill: ClassVar[bool] = False
 
     def __init__(self, *, kv_lora_rank: int, num_kv_heads: int = 1, **kwargs: Any) -> None:
-        super().__init__(num_kv_heads=num_kv_heads, **kwargs)
+        super().__init__(num_kv_heads=num_kv_heads, **fp8_name_as_dtype(kwargs))
         problems = construction_problems(self, kv_lora_rank)
         if problems:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = self.head_size - kv_lora_rank
+        # fp8 latent cache: each layer's scale (index 0 of its [2] K/V scales: the latent is
+        # both), None when the cache holds the model dtype
+        self.kv_scales: KVScales | None = fp8_scales(self)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
-        reasons = []
-        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
-            reasons.append(f"KV-cache dtype {cfg.kv_cache_dtype} must equal the model dtype")
+        reasons = kv_cache_dtype_reasons(cls.name, cfg)
         if cfg.attn_type != AttentionType.DECODER:
             reasons.append(f"MLA layers are causal decoder layers, not {cfg.attn_type.value}")
         if cfg.attention_chunk_size is not None:
@@ -166,6 +176,13 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             },
             launch=self.launch_plan(common, for_cudagraph_capture),
         )
+        if self.kv_scales is not None:  # fp8 cache: calibrate the layers in this step?
+            self.kv_scales.begin_step(common.num_actual_tokens > 0, for_cudagraph_capture)
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        super().bind_kv_caches(kv_caches, block_table_map)
+        if self.kv_scales is not None and kv_caches:
+            self.kv_scales.bind(kv_caches, next(iter(kv_caches.values())).device)
 
     def launch_plan(self, common: CommonAttentionMetadata, for_cudagraph_capture: bool) -> Any:
         """Host planning a kernel subclass needs for `absorbed_attention` (tiles, split-KV,
@@ -231,14 +248,36 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         index = plan.groups[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]  # [num_blocks, block_size, L + R]
         slots = index.slot_mapping
-        self.write_latent(latent[: slots.shape[0]], cache, slots)
-        self._absorbed_rows(layer, out, q, cache, index, plan, w_uk, w_uv)
+        latent = latent[: slots.shape[0]]
+        scale = self._latent_scale(layer, kwargs.get("kv_scales"), latent, slots >= 0)
+        self.write_latent(latent if scale is None else quantize_fp8(latent, scale), cache, slots)
+        self._absorbed_rows(layer, out, q, cache, index, plan, w_uk, w_uv, scale)
         for request, start, end, computed in plan.prefill:
             blocks, offsets = index.prefill_keys[request]
+            latents = cache[blocks, offsets]
+            if scale is not None:
+                latents = dequantize_fp8(latents, scale)
             out[start:end] = up_projected_attention(
-                layer, q[start:end], cache[blocks, offsets], computed, w_uk, w_uv
+                layer, q[start:end], latents, computed, w_uk, w_uv
             )
         return output
+
+    def _latent_scale(
+        self,
+        layer: LayerConfig,
+        given: torch.Tensor | None,
+        latent: torch.Tensor,
+        written: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """fp8 cache: the layer's latent scale (0-dim float32: the checkpoint's k_scale, else
+        calibrated from the latents `written` by the first step that writes any); None for a
+        cache of the model dtype."""
+        if self.kv_scales is None:
+            return None
+        scales = self.kv_scales.of(layer, given)
+        if given is None and self.kv_scales.take_pending(layer.name):
+            self.kv_scales.calibrate_layer(layer.name, latent, latent, written)
+        return scales[0]
 
     def _absorbed_rows(
         self,
@@ -250,8 +289,10 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         plan: MLAPlan,
         w_uk: torch.Tensor,
         w_uv: torch.Tensor,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
-        """Absorb, attend over the latent cache, project the latent output with W_UV."""
+        """Absorb, attend over the latent cache (fp8: dequantized with `kv_scale`), project the
+        latent output with W_UV."""
         tokens = plan.absorbed_tokens
         if tokens is not None and tokens.shape[0] == 0:
             return
@@ -260,7 +301,7 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         latent_out = q_abs.new_empty(*q_abs.shape[:2], self.kv_lora_rank)  # [Ta, H, L]
         self.absorbed_attention(
             q_abs, cache, index.block_table, plan.absorbed_qsl, plan.absorbed_seq_lens,
-            layer.scale, latent_out,
+            layer.scale, latent_out, kv_scale=kv_scale,
         )  # fmt: skip
         values = torch.einsum("thl,hlv->thv", latent_out.float(), w_uv.float()).to(out.dtype)
         if tokens is None:
@@ -285,12 +326,15 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         seq_lens: torch.Tensor,
         scale: float,
         out: torch.Tensor,
+        *,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
         """Paged causal attention of `q_abs [T, H, L + R]` over the latent cache into
-        `out [T, H, L]` (see the module docstring)."""
+        `out [T, H, L]` (see the module docstring); an fp8 cache is dequantized with the 0-dim
+        float32 `kv_scale`."""
         reference_absorbed_attention(
             q_abs, cache, block_table, query_start_loc, seq_lens, scale, out,
-            sliding_window=self.sliding_window,
+            sliding_window=self.sliding_window, kv_scale=kv_scale,
         )  # fmt: skip
 
     # ---- input checks ----------------------------------------------------------------------
@@ -354,10 +398,10 @@ def construction_problems(backend: AttentionBackend, kv_lora_rank: Any) -> list[
             f"kv_lora_rank={kv_lora_rank!r}, expected an int in (0, head_size={backend.head_size})"
             " (head_size = kv_lora_rank + qk_rope_head_dim)"
         )
-    if backend.kv_cache_dtype != backend.dtype:
+    if backend.kv_cache_dtype not in (backend.dtype, FP8_KV_DTYPE):
         problems.append(
-            f"kv_cache_dtype={backend.kv_cache_dtype} differs from dtype={backend.dtype}; "
-            "use kv_cache_dtype='auto'"
+            f"kv_cache_dtype={backend.kv_cache_dtype} is neither dtype={backend.dtype} nor fp8; "
+            "use kv_cache_dtype='auto' or 'fp8'"
         )
     chunk, sinks = backend.attention_chunk_size, backend.num_sink_tokens
     if chunk is not None or sinks or backend.attn_type != AttentionType.DECODER:

@@ -35,8 +35,11 @@ def reference_write_latent(
     padding = (slot_mapping < 0)[:, None]
     slots = slot_mapping.clamp(min=0)
     blocks, offsets = slots // block_size, slots % block_size
+    new = latent.to(cache.dtype)
+    if cache.element_size() == 1:  # fp8: select on the bytes (no float8 `where` on every device)
+        cache, new = cache.view(torch.uint8), new.view(torch.uint8)
     old = cache[blocks, offsets]
-    cache[blocks, offsets] = torch.where(padding, old, latent.to(cache.dtype))
+    cache[blocks, offsets] = torch.where(padding, old, new)
 
 
 def reference_absorbed_attention(
@@ -49,8 +52,10 @@ def reference_absorbed_attention(
     out: torch.Tensor,
     *,
     sliding_window: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> None:
-    """Paged causal MLA in float32 over the latent cache, device tensors only (no host sync).
+    """Paged causal MLA in float32 over the latent cache, device tensors only (no host sync);
+    an fp8 cache is dequantized with the 0-dim float32 `kv_scale`.
 
     Request b owns query rows `[query_start_loc[b], query_start_loc[b + 1])`, the last of them
     at position `seq_lens[b] - 1`, and keys `0..seq_lens[b] - 1` at `block_table[b]`. A query at
@@ -72,8 +77,11 @@ def reference_absorbed_attention(
     if sliding_window is not None:
         mask &= key_pos > pos[:, None] - sliding_window
     latents = cache[block_table.long()].flatten(1, 2)  # [B, S, L + R]
+    keys = latents[request].float()
+    if kv_scale is not None:
+        keys = keys * kv_scale
     # Keys no query sees may be stale or aliased blocks (even NaN bits): zero them.
-    keys = latents[request].float().masked_fill(~mask[:, :, None], 0.0)  # [T, S, L + R]
+    keys = keys.masked_fill(~mask[:, :, None], 0.0)  # [T, S, L + R]
     scores = torch.einsum("thd,tsd->ths", q_abs.float(), keys) * scale
     scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1).masked_fill(~valid[:, None, None], 0.0)

@@ -47,6 +47,11 @@ class TritonMLABackend(MLAReferenceBackend):
             reasons.append("sliding windows are not supported by the MLA kernel")
         if cfg.use_batch_invariant:
             reasons.append("batch invariance is not supported (split-KV follows the batch)")
+        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
+            reasons.append(
+                f"KV-cache dtype {cfg.kv_cache_dtype}: the MLA kernel reads a latent cache of the "
+                "model dtype (mla-reference takes an fp8 one)"
+            )
         return reasons
 
     @classmethod
@@ -62,10 +67,11 @@ class TritonMLABackend(MLAReferenceBackend):
                 f"qk_rope_head_dim={rope} must be powers of two >= 16 for the MLA kernel; use "
                 "the mla-reference backend for this model"
             )
-        if self.sliding_window is not None:
+        if self.sliding_window is not None or self.kv_scales is not None:
             raise ValueError(
-                f"{type(self).__name__}: sliding_window={self.sliding_window} is not supported "
-                "by the MLA kernel; use the mla-reference backend"
+                f"{type(self).__name__}: sliding_window={self.sliding_window}, kv_cache_dtype="
+                f"{self.kv_cache_dtype}: the MLA kernel takes neither a window nor an fp8 latent "
+                "cache; use the mla-reference backend"
             )
         self.max_num_heads = 1
         self.scratch = MLAScratch()  # split-KV partial results: grown on the host, never shrunk
@@ -109,7 +115,11 @@ class TritonMLABackend(MLAReferenceBackend):
         seq_lens: torch.Tensor,
         scale: float,
         out: torch.Tensor,
+        *,
+        kv_scale: torch.Tensor | None = None,
     ) -> None:
+        if kv_scale is not None:  # the constructor refuses fp8 caches; keep the seam honest
+            raise ValueError(f"{self.name}: the MLA kernel takes no fp8 latent cache")
         mla_attention(
             q_abs, cache, block_table, query_start_loc, seq_lens, scale, out, self.kv_lora_rank,
             plan=self.current_plan().launch, scratch=self.scratch,
