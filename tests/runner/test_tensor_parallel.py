@@ -103,6 +103,28 @@ def test_every_rank_sizes_its_cache_and_all_use_the_minimum():
     assert first == 2 * one.worker.num_blocks  # a rank holds half the KV heads
 
 
+def test_a_step_message_larger_than_the_fixed_broadcast_takes_a_second_one(monkeypatch):
+    """Six new 1,500-token prompts scheduled in one step pickle to more than `MESSAGE_BYTES`."""
+    from unified_attn.runner import tensor_parallel
+    from unified_attn.runner.tp_messages import MESSAGE_BYTES, encode
+
+    sizes = []
+    monkeypatch.setattr(
+        tensor_parallel, "encode", lambda m: sizes.append(len(encode(m))) or encode(m)
+    )
+    prompts = [[(7 * i + 3 * j) % 250 + 3 for j in range(1500)] for i in range(6)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    options = dict(max_model_len=2048, max_num_batched_tokens=9000, kv_cache_memory="32MiB")
+    want = LLMEngine("tiny-llama", **options).generate(prompts, params)
+    engine = LLMEngine("tiny-llama", tensor_parallel_size=2, **options)
+    try:
+        got = engine.generate(prompts, params)
+    finally:
+        engine.shutdown()
+    assert max(sizes) > MESSAGE_BYTES > min(sizes)
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
+
+
 def test_an_idle_engine_keeps_its_ranks_past_the_collective_timeout(monkeypatch):
     """The other ranks wait for rank 0's next step however long the engine sits idle (here
     longer than the 6 s collective timeout the spawned ranks inherit)."""

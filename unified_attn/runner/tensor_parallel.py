@@ -30,7 +30,14 @@ import torch
 import torch.distributed as dist
 
 from unified_attn.runner.scheduler import SchedulerOutput
-from unified_attn.runner.tp_messages import Mirror, Replica, StepMessage
+from unified_attn.runner.tp_messages import (
+    MESSAGE_BYTES,
+    Mirror,
+    Replica,
+    StepMessage,
+    decode,
+    encode,
+)
 from unified_attn.runner.tp_process_group import (
     free_port,
     join_group,
@@ -60,13 +67,38 @@ def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None)
     worker.allocate(num_blocks)
     runner = make_rank_runner(config, source, worker)
     replica = Replica()
-    while True:
-        box: list[Any] = [None]
-        dist.broadcast_object_list(box, src=0, group=control)  # as long as rank 0 is idle
-        if box[0] is None:
-            break
-        runner.execute(replica.output(box[0]), sample=False)  # rank 0 samples
+    while (message := receive_message(control)) is not None:  # as long as rank 0 is idle
+        runner.execute(replica.output(message), sample=False)  # rank 0 samples
     runner.graphs = None
+
+
+def send_message(message: StepMessage | None, group: Any) -> None:
+    """Rank 0: broadcast one step (or None: stop) on the control group, in one fixed-size
+    collective of `MESSAGE_BYTES` (an 8-byte length, then the pickled message) when it fits,
+    the rest in a second one: `broadcast_object_list` takes two collectives every time."""
+    data = encode(message)
+    head = min(len(data), MESSAGE_BYTES - 8)
+    buffer = torch.empty(MESSAGE_BYTES, dtype=torch.uint8)
+    buffer[:8].view(torch.int64)[0] = len(data)
+    buffer[8 : 8 + head] = torch.frombuffer(bytearray(data[:head]), dtype=torch.uint8)
+    dist.broadcast(buffer, src=0, group=group)
+    if len(data) > head:
+        rest = torch.frombuffer(bytearray(data[head:]), dtype=torch.uint8)
+        dist.broadcast(rest, src=0, group=group)
+
+
+def receive_message(group: Any) -> StepMessage | None:
+    """Ranks 1..N-1: the next message `send_message` broadcasts."""
+    buffer = torch.empty(MESSAGE_BYTES, dtype=torch.uint8)
+    dist.broadcast(buffer, src=0, group=group)
+    size = int(buffer[:8].view(torch.int64)[0])
+    head = min(size, MESSAGE_BYTES - 8)
+    data = buffer[8 : 8 + head].numpy().tobytes()
+    if size > head:
+        rest = torch.empty(size - head, dtype=torch.uint8)
+        dist.broadcast(rest, src=0, group=group)
+        data += rest.numpy().tobytes()
+    return decode(data)
 
 
 def serve_launched_rank(config: Any) -> None:
@@ -139,7 +171,7 @@ class TensorParallelGroup:
         self._send(self.mirror.message(output))
 
     def _send(self, message: StepMessage | None) -> None:
-        dist.broadcast_object_list([message], src=0, group=self.control)
+        send_message(message, self.control)
 
     def fail(self, error: BaseException) -> None:
         """Raise a `RuntimeError` naming the rank that failed (its report, or how it died),

