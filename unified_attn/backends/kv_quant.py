@@ -128,6 +128,22 @@ class KVScales:
             )
         return given
 
+    def for_layer(
+        self,
+        layer: LayerConfig,
+        given: torch.Tensor | None,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        written: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A forward's `[2]` scales: the checkpoint's `given`, else the layer's own, calibrated
+        first from the keys and values `[N, ...]` this step writes (rows where `written`) if the
+        layer is pending."""
+        scales = self.of(layer, given)
+        if given is None and self.take_pending(layer.name):
+            self.calibrate_layer(layer.name, k, v, written)
+        return scales
+
     def calibrate_layer(
         self, name: str, k: torch.Tensor, v: torch.Tensor, written: torch.Tensor | None = None
     ) -> None:

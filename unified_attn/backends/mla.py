@@ -274,10 +274,7 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         cache of the model dtype."""
         if self.kv_scales is None:
             return None
-        scales = self.kv_scales.of(layer, given)
-        if given is None and self.kv_scales.take_pending(layer.name):
-            self.kv_scales.calibrate_layer(layer.name, latent, latent, written)
-        return scales[0]
+        return self.kv_scales.for_layer(layer, given, latent, latent, written)[0]
 
     def _absorbed_rows(
         self,

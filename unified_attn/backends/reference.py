@@ -263,10 +263,7 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
         never calibrated); None for a cache of the model dtype."""
         if self.kv_scales is None:
             return None
-        scales = self.kv_scales.of(layer, given)
-        if given is None and self.kv_scales.take_pending(layer.name):
-            self.kv_scales.calibrate_layer(layer.name, k, v)
-        return scales
+        return self.kv_scales.for_layer(layer, given, k, v)
 
     def _cross_attention(
         self,
