@@ -19,6 +19,7 @@ def test_the_mla_reference_backend_passes_every_mla_cell():
     checks = report["cells"][0]["checks"]
     assert checks["cache config pure"] == checks["in-place output"] == "pass"
     assert checks["rejects bad inputs"] == "pass"
+    assert report["cells"][-1]["checks"]["fp8 bytes"] == "pass"  # the fp8 latent cache cell
 
 
 def test_the_triton_mla_backend_passes_and_refuses_windows():
@@ -28,7 +29,9 @@ def test_the_triton_mla_backend_passes_and_refuses_windows():
     assert report["ok"], [(r["cell"], r["detail"]) for r in report["cells"]]
     assert rows[WINDOW]["status"] == "unsupported"
     assert "sliding windows are not supported" in rows[WINDOW]["detail"]
-    assert report["passed"] == len(cells) - 1
+    refused = [c.name for c in cells if c.name == WINDOW or c.kv_cache_dtype == "fp8"]
+    assert all(rows[name]["status"] == "unsupported" for name in refused)
+    assert report["passed"] == len(cells) - len(refused)
 
 
 class WrongScaleMLA(MLAReferenceBackend):
@@ -50,3 +53,17 @@ def test_wrong_mla_backends_fail_with_the_error():
     assert all("max error" in r["detail"] for r in report["cells"])
     forgets = run_conformance(ForgetsTheCache, cells=MLA_GRID[:2])
     assert [r["status"] for r in forgets["cells"]] == ["fail", "fail"]
+
+
+class IgnoresTheCheckpointScale(MLAReferenceBackend):
+    """Quantizes the latent cache with scale 1 instead of the kv_scales it is given."""
+
+    def forward(self, layer, output, query, key, value, **kwargs):
+        kwargs["kv_scales"] = torch.ones_like(kwargs["kv_scales"])
+        return super().forward(layer, output, query, key, value, **kwargs)
+
+
+def test_an_fp8_backend_that_ignores_the_scale_fails():
+    fp8 = [c for c in MLA_GRID if c.kv_cache_dtype == "fp8"]
+    (row,) = run_conformance(IgnoresTheCheckpointScale, cells=fp8)["cells"]
+    assert row["status"] == "fail" and row["checks"]["fp8 bytes"].startswith("fail")

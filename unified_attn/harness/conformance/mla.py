@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.backends.kv_quant import dequantize_fp8, quantize_fp8
 from unified_attn.harness.conformance.checks import (
     NOT_MEASURABLE,
     cell_result,
@@ -52,6 +53,7 @@ class MLACell:
     block_size: int = 16
     sliding_window: int | None = None
     dtype: torch.dtype = torch.float32
+    kv_cache_dtype: str = "auto"  # "fp8": the latent cache is e4m3 under FP8_SCALE
 
     @property
     def width(self) -> int:
@@ -63,13 +65,15 @@ class MLACell:
                            sliding_window=self.sliding_window)  # fmt: skip
 
     def backend_kwargs(self) -> dict[str, Any]:
-        return {"head_size": self.width, "dtype": self.dtype, "kv_lora_rank": self.kv_lora_rank,
-                "sliding_window": self.sliding_window}  # fmt: skip
+        kwargs = {"head_size": self.width, "dtype": self.dtype, "kv_lora_rank": self.kv_lora_rank,
+                  "sliding_window": self.sliding_window}  # fmt: skip
+        return kwargs if self.kv_cache_dtype == "auto" else {**kwargs, "kv_cache_dtype": "fp8"}
 
     def selector_config(self, device: str) -> SelectorConfig:
         return SelectorConfig(head_size=self.width, dtype=self.dtype, block_size=self.block_size,
                               sliding_window=self.sliding_window, device=device,
-                              use_batch_invariant=False, layer_kind="mla")  # fmt: skip
+                              use_batch_invariant=False, layer_kind="mla",
+                              kv_cache_dtype=self.kv_cache_dtype)  # fmt: skip
 
 
 def _mixed(name: str, **options: Any) -> MLACell:
@@ -85,7 +89,11 @@ MLA_GRID = (
     _mixed("mla: sliding window 8", sliding_window=8),
     _mixed("mla: 16 heads, latent 64 + 32", num_heads=16, kv_lora_rank=64, rope=32),
     _mixed("mla: block size 8", block_size=8),
+    _mixed("mla: mixed, fp8 latent cache", kv_cache_dtype="fp8"),
 )
+# The fp8 cell's latent scale, as a checkpoint gives it (the kv_scales forward keyword): small
+# enough that the largest random latents saturate at 448.
+FP8_SCALE = 0.008
 CUDA_MLA_CELLS = tuple(
     attrs.evolve(c, name=f"{c.name}, bfloat16", dtype=torch.bfloat16)
     for c in MLA_GRID
@@ -128,6 +136,15 @@ def make_mla_steps(cell: MLACell, device: str, seed: int):
         q, c = (t.to(device, cell.dtype) for t in (query, latent))
         steps.append(MLAStep(common, table[rows].to(device), q, c, start, end))
     return steps, latents, weight, num_blocks
+
+
+def stored_latents(cell: MLACell, latents: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What the cache holds of each request's latents, as the oracle reads them: rounded to the
+    cell's dtype, or for an fp8 cell quantized with saturation and dequantized."""
+    if cell.kv_cache_dtype == "auto":
+        return latents
+    scale = torch.tensor(FP8_SCALE)
+    return [dequantize_fp8(quantize_fp8(c.to(cell.dtype), scale), scale) for c in latents]
 
 
 def oracle(cell: MLACell, step: MLAStep, latents: list[torch.Tensor], weight: torch.Tensor):
@@ -204,8 +221,11 @@ def run_mla_cell(
 def _compare(backend_cls, cell: MLACell, device: str, seed: int, checks: dict) -> float:
     steps, latents, weight, num_blocks = make_mla_steps(cell, device, seed)
     backend = backend_cls(**cell.backend_kwargs())
-    bind(backend, cell, num_blocks, seed + 2, device)  # type: ignore[arg-type]
+    cache = bind(backend, cell, num_blocks, seed + 2, device)  # type: ignore[arg-type]
     w = weight.to(device, cell.dtype)
+    fp8 = cell.kv_cache_dtype != "auto"
+    extra = {"kv_scales": torch.full((2,), FP8_SCALE, device=device)} if fp8 else {}
+    seen = stored_latents(cell, latents)
     worst = 0.0
     for i, step in enumerate(steps):
         backend.prep_forward(step.common, {GROUP_ID: step.block_table})
@@ -214,7 +234,9 @@ def _compare(backend_cls, cell: MLACell, device: str, seed: int, checks: dict) -
         layer = cell.layer()
 
         def forward(out=out, step=step, layer=layer):
-            return backend.forward(layer, out, step.query, step.latent, step.latent, kv_b_proj=w)
+            return backend.forward(
+                layer, out, step.query, step.latent, step.latent, kv_b_proj=w, **extra
+            )
 
         if i == len(steps) - 1:
             if out.is_cuda:
@@ -225,7 +247,21 @@ def _compare(backend_cls, cell: MLACell, device: str, seed: int, checks: dict) -
             checks["in-place output"] = check_in_place(forward(), out)
         else:
             forward()
-        err = (out.cpu().double() - oracle(cell, step, latents, weight)).abs()
+        err = (out.cpu().double() - oracle(cell, step, seen, weight)).abs()
         worst = max(worst, err.nan_to_num(float("inf")).max().item())
+    if fp8:
+        checks["fp8 bytes"] = check_fp8_bytes(cache, cell, steps[-1])
     checks["rejects bad inputs"] = check_mla_bad_inputs(backend, cell, steps[-1], w)
     return worst
+
+
+def check_fp8_bytes(cache: torch.Tensor, cell: MLACell, step: MLAStep) -> str:
+    """Every slot the step wrote holds its latent quantized with saturation, bit for bit."""
+    slots = step.common.slot_mappings[GROUP_ID].cpu()
+    stored = cache.cpu()[slots // cell.block_size, slots % cell.block_size]
+    want = quantize_fp8(step.latent.cpu(), torch.tensor(FP8_SCALE))
+    if cache.dtype != want.dtype or not torch.equal(
+        stored.view(torch.uint8), want.view(torch.uint8)
+    ):
+        return f"fail: the written slots do not hold e4m3(clamp(latent / {FP8_SCALE}, +-448))"
+    return "pass"
