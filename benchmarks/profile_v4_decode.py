@@ -5,33 +5,38 @@
         --section SpeedOfLight --section WarpStateStats --section Occupancy \\
         python benchmarks/profile_v4_decode.py --configs 32/64/8/3/1
 
-(`results/ncu_v4_gathered_h100.txt`). Configurations as `v4_decode.py --configs`.
+(`results/ncu_v4_gathered_h100.txt`). Configurations as `v4_decode.py --configs`; `--hopper
+TILE/STAGES/SPLITS,...` profiles the sm90 kernel instead (kernel name `gathered_attention_sm90`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import torch
 import v4_decode
 
-from unified_attn.backends.triton.v4_ops import GatherConfig
+from unified_attn.backends.triton.v4_ops import Sm90GatherConfig
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--configs", default="32/64/8/3/1", help="BH/TILE/WARPS/STAGES/AHEAD,...")
+    parser.add_argument("--configs", default="32/64/8/3/1", help="as v4_decode.py --configs")
+    parser.add_argument("--hopper", default="", help="sm90 kernel: TILE/STAGES/SPLITS,...")
     args = parser.parse_args(argv)
-    configs = v4_decode.parse_configs(args.configs)
+    configs: list[Any] = list(v4_decode.parse_configs(args.configs))
+    if args.hopper:
+        configs = [Sm90GatherConfig(*map(int, c.split("/"))) for c in args.hopper.split(",")]
     if not torch.cuda.is_available():
         print("benchmarks/profile_v4_decode.py needs a CUDA GPU", file=sys.stderr)
         raise SystemExit(2)
     shape = argparse.Namespace(batch=64, context=65536, heads=64, head_size=512, window=128,
                                rate=4, topk=512, page=64, rotations=1)  # fmt: skip
     steps = v4_decode.make_case(shape)
-    for heads, tile, warps, stages, ahead, *cap in configs:
-        cfg = GatherConfig(heads, tile, warps, stages, bool(ahead), *cap)
+    for config in configs:
+        cfg = config if isinstance(config, Sm90GatherConfig) else v4_decode.gather_config_of(config)
         calls = v4_decode.launches(steps, shape.head_size**-0.5, cfg)["triton"]
         for name in ("swa", "compressed"):
             for _ in range(2):  # compile and warm up, then the profiled launch

@@ -3,7 +3,9 @@ sliding window of latents and the top-k compressed entries), in one run with the
 and the reference (torch gather + einsum) peer.
 
     python benchmarks/v4_decode.py [--out DIR] [--batch 64] [--context 65536] [--quick]
-                                   [--sweep [--configs BH/TILE/WARPS/STAGES/AHEAD,...]]
+                                   [--sweep [--configs CONFIG,...]]
+
+CONFIG: BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG[/SPLITS]] (`parse_configs`).
 
 Shape (issue 10): 64 query heads of 512 (shared-KV MQA), window 128, compression rate 4, top-k
 512, batch 64, 64k context, bf16, page 64 for the latents (16 entries per compressed page).
@@ -116,26 +118,36 @@ def graph_us(calls: list[Any]) -> float:
     return ms * 1e3 if calls else float("nan")
 
 
-# heads, tile, warps, stages, entries a tile ahead (1/0)[, max registers]: shapes that fit
-# shared memory
+# heads, tile, warps, stages, entries a tile ahead (1/0)[, max registers (0: none)[, splits of
+# each list (0: auto)]]: shapes that fit shared memory
 SWEEP: list[tuple[int, ...]] = [
-    *[(64, t, 8, st, a) for t, st in [(16, 3), (32, 3), (64, 2)] for a in (1, 0)],
-    *[(32, t, w, st, 1) for t, w, st in [(32, 4, 3), (32, 8, 3), (64, 8, 3), (32, 4, 2)]],
-    *[(16, t, 4, st, 1) for t, st in [(32, 2), (32, 3), (32, 4), (16, 3)]],
-    *[(16, 32, 4, 3, 1, 168), (32, 32, 8, 3, 1, 128)],
+    *[(64, t, 8, st, 1, 0, sp) for t, st in [(32, 3), (64, 2)] for sp in (1, 2, 4)],
+    *[(64, 64, 16, 2, 1, 0, sp) for sp in (2, 4)],
+    *[(32, t, w, st, 1, 0, sp) for t, w, st in [(32, 4, 3), (64, 8, 3)] for sp in (1, 2)],
+    *[(16, 32, 4, 3, 1), (32, 32, 8, 3, 1, 128)],
 ]
 
 
+# The Hopper kernel (sm90 only): rows per tile, ring buffers, splits (0: auto)
+SM90_SWEEP = [(64, 2, sp) for sp in (1, 2, 4)] + [(32, st, sp) for st in (3, 4) for sp in (1, 2)]
+
+
 def parse_configs(text: str) -> list[tuple[int, ...]]:
-    """`BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG],...` (empty: `SWEEP`); one line and exit 2 when
-    malformed."""
+    """`BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG[/SPLITS]],...` (empty: `SWEEP`); one line and exit 2
+    when malformed."""
     try:
         configs = [tuple(int(x) for x in c.split("/")) for c in text.split(",") if c]
-        if any(len(c) not in (5, 6) or min(c[:4]) < 1 or c[4] not in (0, 1) for c in configs):
+        if any(
+            len(c) not in (5, 6, 7)
+            or min(c[:4]) < 1
+            or c[4] not in (0, 1)
+            or min(c[5:], default=0) < 0
+            for c in configs
+        ):
             raise ValueError
     except ValueError:
-        print(f"--configs takes BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG],... (AHEAD 0 or 1), got "
-              f"{text!r}", file=sys.stderr)  # fmt: skip
+        print(f"--configs takes BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG[/SPLITS]],... (AHEAD 0 or 1; "
+              f"MAXNREG 0: no cap; SPLITS 0: auto), got {text!r}", file=sys.stderr)  # fmt: skip
         raise SystemExit(2) from None
     return configs or SWEEP
 
@@ -151,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--configs",
         default="",
-        help="sweep only these: BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG],...",
+        help="sweep only these: BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG[/SPLITS]],...",
     )
     add_out_argument(parser)
     args = parser.parse_args(argv)
@@ -198,16 +210,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
+def gather_config_of(config: tuple[int, ...]) -> Any:
+    """`GatherConfig` of a parsed `--configs` entry."""
+    from unified_attn.backends.triton.v4_ops import GatherConfig
+
+    heads, tile, warps, stages, ahead, cap, splits = (*config, *(0, 1)[len(config) - 5 :])
+    return GatherConfig(heads, tile, warps, stages, bool(ahead), cap or None, splits)
+
+
 def sweep(
     steps: list[dict[str, Any]], scale: float, configs: list[tuple[int, ...]]
 ) -> list[dict[str, Any]]:
     """Kernel configurations on both lists: µs per launch, graph-timed like the main figure."""
-    from unified_attn.backends.triton.v4_ops import GatherConfig
+    from unified_attn.backends.triton.v4_ops import Sm90GatherConfig
 
     rows = []
-    for heads, tile, warps, stages, ahead, *cap in configs:
-        cfg = GatherConfig(heads, tile, warps, stages, bool(ahead), *cap)
-        row: dict[str, Any] = attrs.asdict(cfg)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    for config in [*configs, *(Sm90GatherConfig(*c) for c in SM90_SWEEP if hopper)]:
+        cfg = config if isinstance(config, Sm90GatherConfig) else gather_config_of(config)
+        row: dict[str, Any] = {"kernel": type(cfg).__name__, **attrs.asdict(cfg)}
         calls = launches(steps, scale, cfg)["triton"]
         for name in ("swa", "compressed"):
             try:

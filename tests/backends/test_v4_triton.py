@@ -30,6 +30,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
         (torch.float32, torch.int32, GatherConfig(16, 16, 4, 2, index_ahead=False)),
         (torch.float16, torch.int32, GatherConfig(16, 16, 4, 3)),
         (torch.float16, torch.int64, GatherConfig(32, 32, 4, 2, max_registers=128)),
+        # three parts of each list on their own programs, merged after (the last one short)
+        (torch.float32, torch.int64, GatherConfig(16, 16, 4, 2, splits=3)),
+        (torch.float16, torch.int32, GatherConfig(32, 16, 4, 3, splits=0)),
     ],
 )
 def test_gathered_attention_matches_the_reference_partial(dtype, index_dtype, config):

@@ -22,20 +22,35 @@ def test_help(bench, capsys):
 
 
 def test_configs_are_parsed_with_an_optional_register_cap(bench):
-    assert bench.parse_configs("32/64/8/3/1,16/32/4/3/0/168") == [
+    assert bench.parse_configs("32/64/8/3/1,16/32/4/3/0/168,64/64/8/2/1/0/2") == [
         (32, 64, 8, 3, 1),
         (16, 32, 4, 3, 0, 168),
+        (64, 64, 8, 2, 1, 0, 2),
     ]
     assert bench.parse_configs("") == bench.SWEEP
+    configs = [
+        bench.gather_config_of(c)
+        for c in bench.parse_configs("32/64/8/3/1,16/32/4/3/0/168,64/64/8/2/1/0/0")
+    ]
+    assert [(c.max_registers, c.splits, c.index_ahead) for c in configs] == [
+        (None, 1, True),
+        (168, 1, False),
+        (None, 0, True),
+    ]
 
 
-@pytest.mark.parametrize("text", ["32/64/8/3", "32/64/8/3/2", "a/b/c/d/e", "0/64/8/3/1"])
+@pytest.mark.parametrize(
+    "text", ["32/64/8/3", "32/64/8/3/2", "a/b/c/d/e", "0/64/8/3/1", "32/64/8/3/1/0/-1"]
+)
 def test_bad_configs_exit_with_code_2_and_one_line(bench, capsys, text):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--sweep", "--configs", text])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--configs takes BH/TILE/WARPS/STAGES/AHEAD" in err
+    assert (
+        err.count("\n") == 1
+        and "--configs takes BH/TILE/WARPS/STAGES/AHEAD[/MAXNREG[/SPLITS]]" in err
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")

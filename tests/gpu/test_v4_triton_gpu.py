@@ -1,7 +1,8 @@
 """DeepSeek-V4 on the Triton kernels on CUDA in bf16 (run through the device tool): the preset's
 prompt logits on `triton-deepseek-v4` are as close to a float32 run as the reference backends'
 bf16 logits are, and the selector picks the Triton backend on CUDA. (float32 equality with the
-reference: tests/backends/test_v4_triton.py, also on the GPU.)"""
+reference: tests/backends/test_v4_triton.py, also on the GPU.) On an sm90 GPU the Hopper kernel
+equals the reference partial attention over the same bf16 / fp16 rows.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 
 from unified_attn import LLMEngine, SamplingParams
+from unified_attn.backends.deepseek_v4_steps import partial_attention
 from unified_attn.backends.triton.deepseek_v4_backend import TritonDeepseekV4Backend
+from unified_attn.backends.triton.v4_ops import Sm90GatherConfig, gathered_attention, sm90_eligible
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -35,3 +38,45 @@ def test_bf16_prompt_logits_are_as_close_to_float32_as_the_reference_backends():
     assert torch.isfinite(triton_error).all()
     assert triton_error.mean() <= 1.5 * reference_error.mean()
     assert triton_error.max() <= 2 * reference_error.max()
+
+
+sm90 = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="the Hopper kernel needs an sm90 GPU",
+)
+
+
+@sm90
+@pytest.mark.parametrize(
+    ("heads", "width", "rows", "dtype", "index_dtype", "config"),
+    [
+        (64, 512, 512, torch.bfloat16, torch.int64, None),  # V4's decode shape, the default
+        (64, 512, 512, torch.bfloat16, torch.int64, Sm90GatherConfig(splits=0)),  # auto splits
+        (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 1)),  # padded heads
+        (128, 512, 300, torch.bfloat16, torch.int64, Sm90GatherConfig(32, 3, 3)),  # two groups
+        (64, 128, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 2)),
+        (16, 256, 70, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 2, 0)),
+    ],
+)
+def test_the_hopper_kernel_matches_the_reference_partial(heads, width, rows, dtype, index_dtype,
+                                                         config):  # fmt: skip
+    gen = torch.Generator().manual_seed(1)
+    tokens, num_blocks, block_size = 6, 40, 16
+    cache = torch.randn(num_blocks, block_size, width, generator=gen).to(dtype)
+    cache[3, 2, 5] = float("nan")  # a stale row no token may read
+    q = torch.randn(tokens, heads, width, generator=gen).to(dtype)
+    blocks = torch.randint(0, num_blocks, (tokens, rows), generator=gen)
+    offsets = torch.randint(0, block_size, (tokens, rows), generator=gen)
+    valid = (torch.rand(tokens, rows, generator=gen) > 0.3) & ~((blocks == 3) & (offsets == 2))
+    valid[2] = False  # a token that sees nothing: lse -inf, output 0
+    valid[4, 64:] = False  # whole tiles (and splits) hidden
+    args = [t.cuda() for t in (q, cache, blocks.to(index_dtype), offsets.to(index_dtype))]
+    assert sm90_eligible(args[0], args[1], args[0])
+    out, lse = torch.empty_like(args[0]), torch.empty(tokens, heads, device="cuda")
+    gathered_attention(*args, valid.cuda(), width**-0.5, out, lse, config)
+    want_out, want_lse = torch.empty(tokens, heads, width), torch.empty(tokens, heads)
+    partial_attention(q.float(), cache.float()[blocks, offsets], valid, width**-0.5, want_out,
+                      want_lse)  # fmt: skip
+    torch.testing.assert_close(out.cpu().float(), want_out, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse.cpu(), want_lse, rtol=1e-3, atol=1e-3)
+    assert lse[2].isneginf().all() and (out[2] == 0).all()

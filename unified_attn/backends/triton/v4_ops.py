@@ -7,10 +7,17 @@ import attrs
 import torch
 import triton
 
-from unified_attn.backends.triton.kernels.gathered_attention import gathered_attention_kernel
-from unified_attn.backends.triton.ops import SUPPORTED_DTYPES
+from unified_attn.backends.triton.kernels.gathered_attention import (
+    gathered_attention_kernel,
+    gathered_merge_kernel,
+)
+from unified_attn.backends.triton.kernels.gathered_attention_sm90 import (
+    gathered_attention_sm90_kernel,
+)
+from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, num_multiprocessors
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+SM90_WIDTHS = (64, 128, 256, 512)  # D / 2 is the accumulator wgmma's N (at most 256)
 
 
 @attrs.frozen
@@ -21,6 +28,31 @@ class GatherConfig:
     num_stages: int
     index_ahead: bool = True  # load the next tile's list entries while this tile is used
     max_registers: int | None = None  # per thread (Triton's `maxnreg`): more programs per SM
+    splits: int = 1  # parts of each token's list on their own programs, merged after; 0: auto
+
+
+@attrs.frozen
+class Sm90GatherConfig:
+    """The Hopper kernel (`kernels/gathered_attention_sm90.py`): 64 heads and 8 warps per
+    program; rows per tile, buffers in the ring, and splits of each list (0: auto). The defaults
+    are the fastest `benchmarks/v4_decode.py --sweep` measured on an H100 at the V4 decode shape:
+    splitting a list (and merging) cost more than the idle SMs it fills."""
+
+    tile: int = 64
+    num_stages: int = 2
+    splits: int = 1
+
+
+def sm90_eligible(q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> bool:
+    """The Hopper kernel serves 16-bit queries on an sm90 device whose rows, query and output
+    rows start on 16-byte boundaries (its copies move 16 bytes)."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    strides = (*q.stride()[:2], *out.stride()[:2], *cache.stride()[:2])
+    aligned = all(t.data_ptr() % 16 == 0 for t in (q, cache, out))
+    return (q.dtype in (torch.float16, torch.bfloat16) and q.shape[2] in SM90_WIDTHS
+            and q.stride(2) == out.stride(2) == 1 and all(x % 8 == 0 for x in strides)
+            and aligned)  # fmt: skip
 
 
 def gather_config(width: int, num_heads: int) -> GatherConfig:
@@ -44,14 +76,15 @@ def gathered_attention(
     scale: float,
     out: torch.Tensor,
     lse: torch.Tensor,
-    config: GatherConfig | None = None,
+    config: GatherConfig | Sm90GatherConfig | None = None,
 ) -> None:
     """Attention of `q [T, H, D]` over the cache rows `cache[blocks[t, s], offsets[t, s]]`
     (`[num_blocks, block_size, D]`; key = value) where `visible [T, S]` (bool): the normalised
     output into `out [T, H, D]` (q's dtype) and the log-sum-exp of the visible scores into
     `lse [T, H]` (float32; -inf and a zero output for a token that sees no row). Same result as
-    `deepseek_v4_steps.partial_attention` over the gathered rows. `config` overrides
-    `gather_config` (benchmarks/v4_decode.py --sweep)."""
+    `deepseek_v4_steps.partial_attention` over the gathered rows. On an sm90 GPU with 16-bit
+    data the Hopper kernel runs (`sm90_eligible`), elsewhere the portable one; `config` picks
+    one and its configuration (benchmarks/v4_decode.py --sweep)."""
     num_tokens, num_heads, width = q.shape
     if q.dtype not in SUPPORTED_DTYPES or cache.dtype != q.dtype or out.dtype != q.dtype:
         raise ValueError(
@@ -87,13 +120,42 @@ def gathered_attention(
     blocks, offsets = blocks.contiguous(), offsets.contiguous()  # no copy when they are
     valid = visible.contiguous().view(torch.uint8)
     q = q if q.stride(-1) == 1 else q.contiguous()
+    if config is None and sm90_eligible(q, cache, out):
+        config = Sm90GatherConfig()
     cfg = config or gather_config(width, num_heads)
-    grid = (triton.cdiv(num_heads, cfg.heads), num_tokens)  # a token's head groups adjacent
-    gathered_attention_kernel[grid](
-        out, lse, q, cache, blocks, offsets, valid, scale, num_heads, blocks.shape[1],
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0), cache.stride(1),
-        blocks.stride(0), BH=cfg.heads, D=width, TILE=cfg.tile,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        INDEX_AHEAD=cfg.index_ahead,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
-    )  # fmt: skip
+    heads = 64 if isinstance(cfg, Sm90GatherConfig) else cfg.heads
+    groups, num_rows = triton.cdiv(num_heads, heads), blocks.shape[1]
+    splits = cfg.splits or auto_splits(num_tokens * groups, num_rows, cfg.tile, q.device)
+    segment = triton.cdiv(triton.cdiv(num_rows, splits), cfg.tile) * cfg.tile
+    splits = triton.cdiv(num_rows, segment)  # none empty
+    part_out = part_lse = lse  # placeholders, not written without a split
+    if splits > 1:
+        part_out = q.new_empty(num_tokens, splits, num_heads, width, dtype=torch.float32)
+        part_lse = q.new_empty(num_tokens, splits, num_heads, dtype=torch.float32)
+    grid = (groups, splits, num_tokens)  # a token's head groups and splits adjacent
+    args = (out, lse, q, cache, blocks, offsets, valid, part_out, part_lse, scale, num_heads,
+            num_rows, segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            cache.stride(0), cache.stride(1), blocks.stride(0))  # fmt: skip
+    if isinstance(cfg, Sm90GatherConfig):
+        gathered_attention_sm90_kernel[grid](
+            *args, D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=splits > 1, num_warps=8
+        )
+    else:
+        gathered_attention_kernel[grid](
+            *args, BH=cfg.heads, D=width, TILE=cfg.tile,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            INDEX_AHEAD=cfg.index_ahead, SPLIT=splits > 1,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
+        )  # fmt: skip
+    if splits > 1:
+        gathered_merge_kernel[(num_tokens, num_heads)](
+            out, lse, part_out, part_lse, num_heads, splits, out.stride(0), out.stride(1),
+            D=width, SPLITS_PAD=triton.next_power_of_2(splits),
+        )  # fmt: skip
+
+
+def auto_splits(programs: int, num_rows: int, tile: int, device: torch.device) -> int:
+    """Parts per list so that the launch fills the SMs about once: 1 when the tokens' head groups
+    already do (prefill), never a part under one tile."""
+    fill = num_multiprocessors(device) // max(programs, 1)
+    return max(1, min(fill, triton.cdiv(num_rows, tile)))

@@ -10,6 +10,11 @@ scale) and stores the normalised output and the natural log-sum-exp of the visib
 and a zero output where the token sees no row), which the model merges with the other caches'
 partials and the sinks.
 
+With SPLIT, each program walks one `segment` of the list and writes a partial
+(normalised output in float32 and log2-sum-exp) that `gathered_merge_kernel` merges; the grid is
+(head groups, splits, tokens). On sm90 the Hopper kernel (gathered_attention_sm90.py) runs
+instead for 16-bit data.
+
 With INDEX_AHEAD the list entries of the next tile are loaded while the current tile is used, so
 a row tile's address never depends on a load of the same loop iteration and the compiler can keep
 several row tiles in flight (multi-buffered); without it each tile waits for its own entries.
@@ -26,11 +31,12 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _row_offsets(blocks_ptr, offsets_ptr, valid_ptr, idx, num_rows, stride_cb, stride_cs):
+def _row_offsets(blocks_ptr, offsets_ptr, valid_ptr, idx, end, stride_cb, stride_cs):
     """Element offsets of the list entries `idx` in the cache and whether each is visible. The
-    three loads are independent (masked by the list's end only, not by `valid`), so a tile's
-    addresses wait for one load latency, not two; hidden entries get offset 0."""
-    in_list = idx < num_rows
+    three loads are independent (masked by the end of the program's part of the list only, not
+    by `valid`), so a tile's addresses wait for one load latency, not two; hidden entries get
+    offset 0."""
+    in_list = idx < end
     valid = tl.load(valid_ptr + idx, mask=in_list, other=0) != 0
     block = tl.load(blocks_ptr + idx, mask=in_list, other=0).to(tl.int64)
     slot = tl.load(offsets_ptr + idx, mask=in_list, other=0).to(tl.int64)
@@ -46,9 +52,12 @@ def gathered_attention_kernel(
     blocks_ptr,  # [T, S] int32 or int64
     offsets_ptr,  # [T, S] int32 or int64
     valid_ptr,  # [T, S] uint8
+    part_out_ptr,  # SPLIT: [T, num_splits, H, D] float32
+    part_lse_ptr,  # SPLIT: [T, num_splits, H] float32, log2 units
     scale,
     num_heads,
     num_rows,  # S
+    segment,  # rows per split (a multiple of TILE); num_rows without a split
     stride_qt,
     stride_qh,
     stride_ot,
@@ -61,9 +70,13 @@ def gathered_attention_kernel(
     TILE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INDEX_AHEAD: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
     heads = tl.program_id(0) * BH + tl.arange(0, BH)
-    t = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(1)
+    t = tl.program_id(2).to(tl.int64)
+    begin = split * segment
+    end = tl.minimum(begin + segment, num_rows)
     head_ok = heads < num_heads
     dims = tl.arange(0, D)
     q = tl.load(
@@ -80,12 +93,12 @@ def gathered_attention_kernel(
     l_i = tl.zeros([BH], dtype=tl.float32)
     idx = tl.arange(0, TILE)
     row_off, valid = _row_offsets(
-        blocks_ptr, offsets_ptr, valid_ptr, idx, num_rows, stride_cb, stride_cs
+        blocks_ptr, offsets_ptr, valid_ptr, begin + idx, end, stride_cb, stride_cs
     )
-    for start in range(0, num_rows, TILE):
+    for start in range(begin, end, TILE):
         if not INDEX_AHEAD:
             row_off, valid = _row_offsets(
-                blocks_ptr, offsets_ptr, valid_ptr, start + idx, num_rows, stride_cb, stride_cs
+                blocks_ptr, offsets_ptr, valid_ptr, start + idx, end, stride_cb, stride_cs
             )
         rows = tl.load(
             cache_ptr + row_off[:, None] + dims[None, :], mask=valid[:, None], other=0.0
@@ -93,8 +106,7 @@ def gathered_attention_kernel(
         tile_valid = valid
         if INDEX_AHEAD:  # the next tile's entries, loaded while this one is used
             row_off, valid = _row_offsets(
-                blocks_ptr, offsets_ptr, valid_ptr, start + TILE + idx, num_rows, stride_cb,
-                stride_cs,
+                blocks_ptr, offsets_ptr, valid_ptr, start + TILE + idx, end, stride_cb, stride_cs
             )  # fmt: skip
         s = tl.dot(q, tl.trans(rows), input_precision=DOT_PRECISION) * qk_scale  # [BH, TILE]
         s = tl.where(tile_valid[None, :], s, float("-inf"))
@@ -108,10 +120,52 @@ def gathered_attention_kernel(
         m_i = m_new
     seen = l_i > 0.0
     norm = tl.where(seen, l_i, 1.0)
-    tl.store(
-        out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
-        (acc / norm[:, None]).to(out_ptr.dtype.element_ty),
-        mask=head_ok[:, None],
-    )
-    lse = tl.where(seen, (m_i + tl.log2(norm)) * LN2, float("-inf"))
-    tl.store(lse_ptr + t * num_heads + heads, lse, mask=head_ok)
+    lse2 = tl.where(seen, m_i + tl.log2(norm), float("-inf"))
+    if SPLIT:  # this part of the list's partial, merged by `gathered_merge_kernel`
+        part = (t * tl.num_programs(1) + split) * num_heads + heads
+        tl.store(part_out_ptr + part[:, None] * D + dims[None, :], acc / norm[:, None],
+                 mask=head_ok[:, None])  # fmt: skip
+        tl.store(part_lse_ptr + part, lse2, mask=head_ok)
+    else:
+        tl.store(
+            out_ptr + t * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+            (acc / norm[:, None]).to(out_ptr.dtype.element_ty),
+            mask=head_ok[:, None],
+        )
+        tl.store(lse_ptr + t * num_heads + heads, lse2 * LN2, mask=head_ok)
+
+
+@triton.jit
+def gathered_merge_kernel(
+    out_ptr,  # [T, H, D] query dtype
+    lse_ptr,  # [T, H] float32, natural log
+    part_out_ptr,  # [T, num_splits, H, D] float32
+    part_lse_ptr,  # [T, num_splits, H] float32, log2 units
+    num_heads,
+    num_splits,
+    stride_ot,
+    stride_oh,
+    D: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """Log-sum-exp merge of one (token, head)'s split partials: weights `2^(lse_s - max)`; a
+    split that sees no row (lse -inf) weighs 0 and its partial is not read; a token that sees no
+    row at all gets a zero output and lse -inf."""
+    t = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, D)
+    part = (t * num_splits + splits) * num_heads + head
+    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    shift = tl.where(top > float("-inf"), top, 0.0)
+    weight = tl.exp2(lse - shift)
+    total = tl.sum(weight, axis=0)
+    seen = lse > float("-inf")
+    partial = tl.load(part_out_ptr + part[:, None] * D + dims[None, :], mask=seen[:, None],
+                      other=0.0)  # fmt: skip
+    norm = tl.where(total > 0.0, total, 1.0)
+    out = tl.sum(partial * weight[:, None], axis=0) / norm
+    tl.store(out_ptr + t * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+    merged = tl.where(total > 0.0, (shift + tl.log2(norm)) * LN2, float("-inf"))
+    tl.store(lse_ptr + t * num_heads + head, merged)

@@ -1,0 +1,198 @@
+"""Hopper (sm90) version of the gathered shared-KV attention kernel, written in Gluon.
+
+Same contract as `gathered_attention_kernel` (gathered_attention.py), same arguments: each query
+token attends over its own list of cache rows (key = value, one KV head of D features) as a
+partial softmax, optionally over one split of the list (SPLIT: the partials are merged by
+`gathered_merge_kernel`).
+
+Why a second kernel: at DeepSeek-V4's decode shape (64 heads of 512) the Triton kernel cannot use
+the Hopper tensor-core instructions well. With 32 heads per program the compiler falls back to
+mma.sync, which streams the query and every row tile from shared memory into registers per
+warp; with 64 heads it uses wgmma but runs out of registers (255 with spills), because it keeps
+the gathered row addresses and both tiles' layouts live. Here the layout of every step is chosen
+by hand:
+
+- a program owns one token, 64 heads (the wgmma M side; fewer heads are padded with masked
+  rows) and one split of the list, with 8 warps: two warpgroups;
+- the query sits in shared memory once; row tiles are gathered by `cp.async` (16 bytes per
+  copy, 4 distinct rows per thread) into a ring of STAGES buffers, the list entries of the tile
+  after next are loaded one iteration ahead, so no copy waits for its addresses;
+- scores S = Q R^T come from one wgmma per tile (each warpgroup half of the tile's rows), the
+  probabilities go through shared memory, and O += P R is a second wgmma in which each
+  warpgroup owns half of the D output features (a [64, D/2] float32 accumulator per
+  warpgroup: 128 registers per thread at D = 512).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
+NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
+
+
+@gluon.jit
+def _entries(blocks_ptr, offsets_ptr, valid_ptr, idx, end, stride_cb, stride_cs):
+    """Element offsets of the list entries `idx` in the cache and whether each is visible;
+    entries past `end` or hidden read nothing (offset 0, masked)."""
+    in_list = idx < end
+    valid = (gl.load(valid_ptr + idx, mask=in_list, other=0) != 0) & in_list
+    block = gl.load(blocks_ptr + idx, mask=in_list, other=0).to(gl.int64)
+    slot = gl.load(offsets_ptr + idx, mask=in_list, other=0).to(gl.int64)
+    return gl.where(valid, block * stride_cb + slot * stride_cs, 0), valid
+
+
+@gluon.jit
+def _gather(cache_ptr, row_off, valid, dims, buf):
+    """Asynchronous copy of the tile's rows (`row_off` element offsets) into `buf`; hidden rows
+    are zero-filled."""
+    ptrs = cache_ptr + gl.expand_dims(row_off, 1) + gl.expand_dims(dims, 0)
+    mask = gl.expand_dims(valid, 1) & gl.expand_dims(dims >= 0, 0)
+    async_copy.async_copy_global_to_shared(buf, ptrs, mask=mask)
+
+
+@gluon.jit
+def gathered_attention_sm90_kernel(
+    out_ptr,  # [T, H, D] query dtype
+    lse_ptr,  # [T, H] float32
+    q_ptr,  # [T, H, D]
+    cache_ptr,  # [num_blocks, block_size, D], contiguous features
+    blocks_ptr,  # [T, S] int32 or int64
+    offsets_ptr,  # [T, S] int32 or int64
+    valid_ptr,  # [T, S] uint8
+    part_out_ptr,  # SPLIT: [T, num_splits, H, D] float32
+    part_lse_ptr,  # SPLIT: [T, num_splits, H] float32, log2 units
+    scale,
+    num_heads,
+    num_rows,
+    segment,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_it,
+    D: gl.constexpr,
+    TILE: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT: gl.constexpr,
+):
+    BH: gl.constexpr = 64  # heads per program: the wgmma M side
+    dtype: gl.constexpr = q_ptr.dtype.element_ty
+    # Register layouts: loads (16-byte vectors, a warp covers 2 rows x 128 features), the score
+    # tile (warpgroups split its rows: columns of S) and the accumulator (warpgroups split D).
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NUM_WARPS, 1], [1, 0])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, TILE // 2, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16]
+    )
+    row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
+    dim_layout: gl.constexpr = gl.SliceLayout(0, load_layout)
+    # Shared memory: the query, the ring of row tiles, the probabilities.
+    q_smem = gl.allocate_shared_memory(
+        dtype, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], dtype)
+    )
+    rows_smem = gl.allocate_shared_memory(
+        dtype, [STAGES, TILE, D], gl.NVMMASharedLayout.get_default_for([TILE, D], dtype)
+    )
+    p_smem = gl.allocate_shared_memory(
+        dtype, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], dtype)
+    )
+
+    head0 = gl.program_id(0) * BH
+    split = gl.program_id(1)
+    t = gl.program_id(2).to(gl.int64)
+    begin = split * segment
+    end = gl.minimum(begin + segment, num_rows)
+    num_tiles = gl.cdiv(end - begin, TILE)
+    blocks_ptr += t * stride_it
+    offsets_ptr += t * stride_it
+    valid_ptr += t * stride_it
+
+    dims = gl.arange(0, D, layout=dim_layout)
+    heads = head0 + gl.arange(0, BH, layout=row_layout)
+    q_ptrs = q_ptr + t * stride_qt + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(dims, 0)
+    q_mask = gl.expand_dims(heads < num_heads, 1) & gl.expand_dims(dims >= 0, 0)
+    async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
+    idx = gl.arange(0, TILE, layout=row_layout)
+    # Prologue: tiles 0 .. STAGES - 2 in flight (the query with the first), the entries of tile
+    # STAGES - 1 loaded.
+    for stage in gl.static_range(STAGES - 1):
+        row_off, valid = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx,
+                                  end, stride_cb, stride_cs)  # fmt: skip
+        _gather(cache_ptr, row_off, valid, dims, rows_smem.index(stage))
+        async_copy.commit_group()
+    nxt = begin + (STAGES - 1) * TILE + idx
+    row_off, valid = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end, stride_cb, stride_cs)
+
+    cols = begin + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
+    visible = gl.load(valid_ptr + cols, mask=cols < end, other=0) != 0  # tile 0's columns
+    qk_scale = scale * LOG2E
+    m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BH, D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
+    for i in range(num_tiles):
+        # Issue tile i + STAGES - 1 (its entries were loaded last iteration), then load the
+        # entries of the tile after it, to be used next iteration.
+        ahead = i + STAGES - 1
+        _gather(cache_ptr, row_off, valid, dims, rows_smem.index(ahead % STAGES))
+        async_copy.commit_group()
+        nxt = begin + (ahead + 1) * TILE + idx
+        row_off, valid = _entries(
+            blocks_ptr, offsets_ptr, valid_ptr, nxt, end, stride_cb, stride_cs
+        )
+        cols += TILE  # the next tile's visibility, used next iteration
+        visible_next = gl.load(valid_ptr + cols, mask=cols < end, other=0) != 0
+        async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
+        fence_async_shared()  # visible to the wgmma's async proxy
+        gl.thread_barrier()  # ... and every other thread's
+        rows = rows_smem.index(i % STAGES)
+        qk = warpgroup_mma(q_smem, rows.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+        qk = gl.where(gl.expand_dims(visible, 0), qk * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+        m_safe = gl.where(m_new > float("-inf"), m_new, 0.0)
+        p = gl.exp2(qk - gl.expand_dims(m_safe, 1))
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
+        acc = warpgroup_mma(p_smem, rows, acc * gl.expand_dims(alpha_o, 1), is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        visible = visible_next
+        gl.thread_barrier()  # every warpgroup is done with p and this buffer before reuse
+    async_copy.wait_group(0)
+
+    seen = l_i > 0.0
+    norm = gl.where(seen, l_i, 1.0)
+    lse2 = gl.where(seen, m_i + gl.log2(norm), float("-inf"))
+    norm_o = gl.convert_layout(norm, gl.SliceLayout(1, o_layout))
+    out = acc / gl.expand_dims(norm_o, 1)
+    # Stored from the load layout (16-byte vectors along the features): the accumulator's own
+    # layout writes 4 bytes per thread and row.
+    o_heads = gl.expand_dims(heads, 1)
+    o_dims = gl.expand_dims(dims, 0)
+    o_mask = (o_heads < num_heads) & (o_dims >= 0)
+    s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
+    if SPLIT:
+        part = (t * gl.num_programs(1) + split) * num_heads
+        ptrs = part_out_ptr + (part + o_heads) * D + o_dims
+        gl.store(ptrs, gl.convert_layout(out, load_layout), mask=o_mask)
+        gl.store(part_lse_ptr + part + s_heads, lse2, mask=s_heads < num_heads)
+    else:
+        ptrs = out_ptr + t * stride_ot + o_heads * stride_oh + o_dims
+        gl.store(ptrs, gl.convert_layout(out.to(dtype), load_layout), mask=o_mask)
+        gl.store(lse_ptr + t * num_heads + s_heads, lse2 * LN2, mask=s_heads < num_heads)
