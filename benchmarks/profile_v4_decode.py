@@ -24,11 +24,14 @@ from unified_attn.backends.triton.v4_ops import Sm90GatherConfig
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--configs", default="32/64/8/3/1", help="as v4_decode.py --configs")
-    parser.add_argument("--hopper", default="", help="sm90 kernel: TILE/STAGES/SPLITS,...")
+    parser.add_argument(
+        "--hopper", default="", help="sm90 kernel: TILE/STAGES/SPLITS[/HALVES[/QREGS]],..."
+    )
     args = parser.parse_args(argv)
     configs: list[Any] = list(v4_decode.parse_configs(args.configs))
     if args.hopper:
-        configs = [Sm90GatherConfig(*map(int, c.split("/"))) for c in args.hopper.split(",")]
+        fields = [[int(x) for x in c.split("/")] for c in args.hopper.split(",")]
+        configs = [Sm90GatherConfig(*f[:4], *map(bool, f[4:])) for f in fields]
     if not torch.cuda.is_available():
         print("benchmarks/profile_v4_decode.py needs a CUDA GPU", file=sys.stderr)
         raise SystemExit(2)

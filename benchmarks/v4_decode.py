@@ -128,8 +128,14 @@ SWEEP: list[tuple[int, ...]] = [
 ]
 
 
-# The Hopper kernel (sm90 only): rows per tile, ring buffers, splits (0: auto)
-SM90_SWEEP = [(64, 2, sp) for sp in (1, 2, 4)] + [(32, st, sp) for st in (3, 4) for sp in (1, 2)]
+# The Hopper kernel (sm90 only): rows per tile, ring buffers, splits (0: auto)[, programs per
+# token and head group (halves of the outputs)[, the query in registers (1/0)]]
+SM90_SWEEP = [
+    *[(64, 2, 1, h) for h in (1, 2)],  # one program per token and head group, or two halves
+    *[(32, 4, 1, h) for h in (1, 2)],
+    (64, 2, 2, 1),  # each list split over two programs and merged
+    (64, 3, 1, 2, 1),  # the query in registers: room for a third 64-row buffer
+]
 
 
 def parse_configs(text: str) -> list[tuple[int, ...]]:
@@ -226,7 +232,8 @@ def sweep(
 
     rows = []
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    for config in [*configs, *(Sm90GatherConfig(*c) for c in SM90_SWEEP if hopper)]:
+    hopper_configs = [Sm90GatherConfig(*c[:4], *map(bool, c[4:])) for c in SM90_SWEEP]
+    for config in [*configs, *(hopper_configs if hopper else [])]:
         cfg = config if isinstance(config, Sm90GatherConfig) else gather_config_of(config)
         row: dict[str, Any] = {"kernel": type(cfg).__name__, **attrs.asdict(cfg)}
         calls = launches(steps, scale, cfg)["triton"]

@@ -52,10 +52,14 @@ sm90 = pytest.mark.skipif(
     [
         (64, 512, 512, torch.bfloat16, torch.int64, None),  # V4's decode shape, the default
         (64, 512, 512, torch.bfloat16, torch.int64, Sm90GatherConfig(splits=0)),  # auto splits
-        (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 1)),  # padded heads
+        (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 1, 1)),  # padded heads
         (128, 512, 300, torch.bfloat16, torch.int64, Sm90GatherConfig(32, 3, 3)),  # two groups
-        (64, 128, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 2)),
+        (64, 128, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 2, 1)),
         (16, 256, 70, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 2, 0)),
+        # two programs per token (half the outputs each), the query in registers
+        (64, 512, 512, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 3, 1, 2, True)),
+        (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 2, 2, False)),
+        (128, 256, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 1, 1, True)),
     ],
 )
 def test_the_hopper_kernel_matches_the_reference_partial(heads, width, rows, dtype, index_dtype,

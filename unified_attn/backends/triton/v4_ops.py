@@ -34,13 +34,18 @@ class GatherConfig:
 @attrs.frozen
 class Sm90GatherConfig:
     """The Hopper kernel (`kernels/gathered_attention_sm90.py`): 64 heads and 8 warps per
-    program; rows per tile, buffers in the ring, and splits of each list (0: auto). The defaults
-    are the fastest `benchmarks/v4_decode.py --sweep` measured on an H100 at the V4 decode shape:
-    splitting a list (and merging) cost more than the idle SMs it fills."""
+    program; rows per tile, buffers in the ring, splits of each list (0: auto) and programs per
+    token and head group, each computing the scores and half the outputs (0: auto, 2 when the
+    tokens' head groups fill at most half the SMs). The defaults are the fastest
+    `benchmarks/v4_decode.py --sweep` measured on an H100 at the V4 decode shape: halves fill
+    the idle SMs for the price of computing the scores twice, where splitting a list (and
+    merging) cost more than it saved."""
 
     tile: int = 64
     num_stages: int = 2
     splits: int = 1
+    halves: int = 0
+    q_regs: bool = False  # the query in registers, freeing its shared memory for a row buffer
 
 
 def sm90_eligible(q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> bool:
@@ -132,14 +137,19 @@ def gathered_attention(
     if splits > 1:
         part_out = q.new_empty(num_tokens, splits, num_heads, width, dtype=torch.float32)
         part_lse = q.new_empty(num_tokens, splits, num_heads, dtype=torch.float32)
-    grid = (groups, splits, num_tokens)  # a token's head groups and splits adjacent
+    halves = 1
+    if isinstance(cfg, Sm90GatherConfig):
+        fits = 2 * num_tokens * groups * splits <= num_multiprocessors(q.device)
+        halves = cfg.halves or (2 if fits else 1)
+    grid = (groups * halves, splits, num_tokens)  # a token's programs adjacent
     args = (out, lse, q, cache, blocks, offsets, valid, part_out, part_lse, scale, num_heads,
             num_rows, segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             cache.stride(0), cache.stride(1), blocks.stride(0))  # fmt: skip
     if isinstance(cfg, Sm90GatherConfig):
         gathered_attention_sm90_kernel[grid](
-            *args, D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=splits > 1, num_warps=8
-        )
+            *args, D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=splits > 1,
+            HALVES=halves, Q_REGS=cfg.q_regs, num_warps=8,
+        )  # fmt: skip
     else:
         gathered_attention_kernel[grid](
             *args, BH=cfg.heads, D=width, TILE=cfg.tile,

@@ -241,7 +241,12 @@ def _compare(backend_cls, cell: MLACell, device: str, seed: int, checks: dict) -
         if i == len(steps) - 1:
             if out.is_cuda:
                 forward()  # warm-up: the measured call below is the same step
-                checks.update(measure_cuda(forward, backend_cls.supports_cuda_graphs()))
+                # Temporaries are reported, not failed, even for a backend that claims CUDA
+                # graphs: weight absorption's intermediates (absorbed queries, the latent output,
+                # its projection) are per-call tensors by design, which a captured graph takes
+                # from its private pool (tests/gpu/test_mla_triton_gpu.py replays such graphs).
+                # Bytes kept after the call still fail.
+                checks.update(measure_cuda(forward, strict_alloc=False))
             else:
                 checks.update({"host sync": NOT_MEASURABLE, "allocation": NOT_MEASURABLE})
             checks["in-place output"] = check_in_place(forward(), out)

@@ -14,13 +14,19 @@ by hand:
 
 - a program owns one token, 64 heads (the wgmma M side; fewer heads are padded with masked
   rows) and one split of the list, with 8 warps: two warpgroups;
-- the query sits in shared memory once; row tiles are gathered by `cp.async` (16 bytes per
-  copy, 4 distinct rows per thread) into a ring of STAGES buffers, the list entries of the tile
-  after next are loaded one iteration ahead, so no copy waits for its addresses;
-- scores S = Q R^T come from one wgmma per tile (each warpgroup half of the tile's rows), the
-  probabilities go through shared memory, and O += P R is a second wgmma in which each
-  warpgroup owns half of the D output features (a [64, D/2] float32 accumulator per
-  warpgroup: 128 registers per thread at D = 512).
+- the query sits in shared memory once (or, with Q_REGS, in registers as the score wgmma's
+  operand); row tiles are gathered by `cp.async` (16 bytes per copy) into a ring of STAGES
+  buffers, each tile as two feature halves; the list entries of the tile after next and the
+  visibility of the next tile are loaded one iteration ahead, so no copy waits for its
+  addresses;
+- scores S = Q R^T come from two chained wgmmas per tile (one per feature half; each
+  warpgroup computes half of the tile's rows), the probabilities go through shared memory, and
+  O += P R is one wgmma per feature half in which each warpgroup owns half of the features (a
+  [64, D/4] float32 accumulator per warpgroup and half);
+- with HALVES = 2 two programs share a token and head group: both compute the scores, each
+  accumulates and stores one feature half, which fills the SMs a decode batch leaves idle
+  without a merge;
+- the output leaves through the load layout in 16-byte stores.
 """
 
 from triton.experimental import gluon
@@ -83,32 +89,36 @@ def gathered_attention_sm90_kernel(
     TILE: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT: gl.constexpr,
+    HALVES: gl.constexpr,  # 2: two programs per token and head group, each with D / 2 outputs
+    Q_REGS: gl.constexpr,  # the query as the score wgmma's register operand, not in shared memory
 ):
     BH: gl.constexpr = 64  # heads per program: the wgmma M side
+    C: gl.constexpr = D // 2  # features per chunk: rows and query are held as two chunks
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # Register layouts: loads (16-byte vectors, a warp covers 2 rows x 128 features), the score
-    # tile (warpgroups split its rows: columns of S) and the accumulator (warpgroups split D).
+    # tile (warpgroups split its rows: columns of S), each [BH, C] accumulator (warpgroups split
+    # the features) and the query as a register operand.
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NUM_WARPS, 1], [1, 0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, TILE // 2, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D // 2, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, C // 2, 16]
     )
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
     dim_layout: gl.constexpr = gl.SliceLayout(0, load_layout)
-    # Shared memory: the query, the ring of row tiles, the probabilities.
-    q_smem = gl.allocate_shared_memory(
-        dtype, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], dtype)
-    )
+    # Shared memory: the ring of row tiles (two chunks per stage), the probabilities and, unless
+    # in registers, the query.
     rows_smem = gl.allocate_shared_memory(
-        dtype, [STAGES, TILE, D], gl.NVMMASharedLayout.get_default_for([TILE, D], dtype)
+        dtype, [STAGES * 2, TILE, C], gl.NVMMASharedLayout.get_default_for([TILE, C], dtype)
     )
     p_smem = gl.allocate_shared_memory(
         dtype, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], dtype)
     )
 
-    head0 = gl.program_id(0) * BH
+    head0 = gl.program_id(0) // HALVES * BH
+    half = gl.program_id(0) % HALVES
     split = gl.program_id(1)
     t = gl.program_id(2).to(gl.int64)
     begin = split * segment
@@ -117,19 +127,35 @@ def gathered_attention_sm90_kernel(
     blocks_ptr += t * stride_it
     offsets_ptr += t * stride_it
     valid_ptr += t * stride_it
+    q_ptr += t * stride_qt
 
-    dims = gl.arange(0, D, layout=dim_layout)
+    cdims = gl.arange(0, C, layout=dim_layout)
     heads = head0 + gl.arange(0, BH, layout=row_layout)
-    q_ptrs = q_ptr + t * stride_qt + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(dims, 0)
-    q_mask = gl.expand_dims(heads < num_heads, 1) & gl.expand_dims(dims >= 0, 0)
-    async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
+    if Q_REGS:
+        q_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_layout))
+        q_dims = gl.arange(0, C, layout=gl.SliceLayout(0, q_layout))
+        q_ptrs = q_ptr + gl.expand_dims(q_heads * stride_qh, 1) + gl.expand_dims(q_dims, 0)
+        q_mask = gl.expand_dims(q_heads < num_heads, 1) & gl.expand_dims(q_dims >= 0, 0)
+        q0 = gl.load(q_ptrs, mask=q_mask, other=0.0)
+        q1 = gl.load(q_ptrs + C, mask=q_mask, other=0.0)
+    else:
+        q_smem = gl.allocate_shared_memory(
+            dtype, [2, BH, C], gl.NVMMASharedLayout.get_default_for([BH, C], dtype)
+        )
+        q_ptrs = q_ptr + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(cdims, 0)
+        q_mask = gl.expand_dims(heads < num_heads, 1) & gl.expand_dims(cdims >= 0, 0)
+        async_copy.async_copy_global_to_shared(q_smem.index(0), q_ptrs, mask=q_mask)
+        async_copy.async_copy_global_to_shared(q_smem.index(1), q_ptrs + C, mask=q_mask)
+        q0 = q_smem.index(0)
+        q1 = q_smem.index(1)
     idx = gl.arange(0, TILE, layout=row_layout)
     # Prologue: tiles 0 .. STAGES - 2 in flight (the query with the first), the entries of tile
     # STAGES - 1 loaded.
     for stage in gl.static_range(STAGES - 1):
         row_off, valid = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx,
                                   end, stride_cb, stride_cs)  # fmt: skip
-        _gather(cache_ptr, row_off, valid, dims, rows_smem.index(stage))
+        _gather(cache_ptr, row_off, valid, cdims, rows_smem.index(2 * stage))
+        _gather(cache_ptr, row_off, valid, C + cdims, rows_smem.index(2 * stage + 1))
         async_copy.commit_group()
     nxt = begin + (STAGES - 1) * TILE + idx
     row_off, valid = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end, stride_cb, stride_cs)
@@ -139,15 +165,17 @@ def gathered_attention_sm90_kernel(
     qk_scale = scale * LOG2E
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BH, D], gl.float32, layout=o_layout)
+    acc0 = gl.zeros([BH, C], gl.float32, layout=o_layout)
+    acc1 = gl.zeros([BH, C], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
     for i in range(num_tiles):
         # Issue tile i + STAGES - 1 (its entries were loaded last iteration), then load the
         # entries of the tile after it, to be used next iteration.
-        ahead = i + STAGES - 1
-        _gather(cache_ptr, row_off, valid, dims, rows_smem.index(ahead % STAGES))
+        ahead = (i + STAGES - 1) % STAGES
+        _gather(cache_ptr, row_off, valid, cdims, rows_smem.index(2 * ahead))
+        _gather(cache_ptr, row_off, valid, C + cdims, rows_smem.index(2 * ahead + 1))
         async_copy.commit_group()
-        nxt = begin + (ahead + 1) * TILE + idx
+        nxt = begin + (i + STAGES) * TILE + idx
         row_off, valid = _entries(
             blocks_ptr, offsets_ptr, valid_ptr, nxt, end, stride_cb, stride_cs
         )
@@ -156,8 +184,10 @@ def gathered_attention_sm90_kernel(
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         fence_async_shared()  # visible to the wgmma's async proxy
         gl.thread_barrier()  # ... and every other thread's
-        rows = rows_smem.index(i % STAGES)
-        qk = warpgroup_mma(q_smem, rows.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        r0 = rows_smem.index(2 * (i % STAGES))
+        r1 = rows_smem.index(2 * (i % STAGES) + 1)
+        qk = warpgroup_mma(q0, r0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma(q1, r1.permute((1, 0)), qk, is_async=True)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
         qk = gl.where(gl.expand_dims(visible, 0), qk * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(qk, axis=1))
@@ -169,9 +199,15 @@ def gathered_attention_sm90_kernel(
         p_smem.store(p.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))
-        acc = warpgroup_mma(p_smem, rows, acc * gl.expand_dims(alpha_o, 1), is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        alpha_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        if HALVES == 1:
+            acc0 = warpgroup_mma(p_smem, r0, acc0 * alpha_o, is_async=True)
+            acc1 = warpgroup_mma(p_smem, r1, acc1 * alpha_o, is_async=True)
+            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+        else:
+            values = rows_smem.index(2 * (i % STAGES) + half)
+            acc0 = warpgroup_mma(p_smem, values, acc0 * alpha_o, is_async=True)
+            acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
         visible = visible_next
         gl.thread_barrier()  # every warpgroup is done with p and this buffer before reuse
     async_copy.wait_group(0)
@@ -179,20 +215,40 @@ def gathered_attention_sm90_kernel(
     seen = l_i > 0.0
     norm = gl.where(seen, l_i, 1.0)
     lse2 = gl.where(seen, m_i + gl.log2(norm), float("-inf"))
-    norm_o = gl.convert_layout(norm, gl.SliceLayout(1, o_layout))
-    out = acc / gl.expand_dims(norm_o, 1)
-    # Stored from the load layout (16-byte vectors along the features): the accumulator's own
-    # layout writes 4 bytes per thread and row.
+    norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
+    s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
+    s_mask = s_heads < num_heads
+    if HALVES == 1:
+        _store_chunk(out_ptr, part_out_ptr, acc0 / norm_o, t, split, heads, cdims, num_heads,
+                     stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
+        _store_chunk(out_ptr, part_out_ptr, acc1 / norm_o, t, split, heads, C + cdims, num_heads,
+                     stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
+    else:
+        _store_chunk(out_ptr, part_out_ptr, acc0 / norm_o, t, split, heads, half * C + cdims,
+                     num_heads, stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
+    if half == 0:  # one program of a token's halves stores the log-sum-exp
+        if SPLIT:
+            part = (t * gl.num_programs(1) + split) * num_heads
+            gl.store(part_lse_ptr + part + s_heads, lse2, mask=s_mask)
+        else:
+            gl.store(lse_ptr + t * num_heads + s_heads, lse2 * LN2, mask=s_mask)
+
+
+@gluon.jit
+def _store_chunk(
+    out_ptr, part_out_ptr, out, t, split, heads, dims, num_heads, stride_ot, stride_oh,
+    D: gl.constexpr, SPLIT: gl.constexpr, layout: gl.constexpr,
+):  # fmt: skip
+    """One [heads, chunk] block of the output from the load layout (16-byte vectors along the
+    features; the accumulator's own layout writes 4 bytes per thread and row): normalised in
+    the query dtype, or as a float32 split partial."""
     o_heads = gl.expand_dims(heads, 1)
     o_dims = gl.expand_dims(dims, 0)
-    o_mask = (o_heads < num_heads) & (o_dims >= 0)
-    s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
+    mask = (o_heads < num_heads) & (o_dims >= 0)
     if SPLIT:
         part = (t * gl.num_programs(1) + split) * num_heads
         ptrs = part_out_ptr + (part + o_heads) * D + o_dims
-        gl.store(ptrs, gl.convert_layout(out, load_layout), mask=o_mask)
-        gl.store(part_lse_ptr + part + s_heads, lse2, mask=s_heads < num_heads)
+        gl.store(ptrs, gl.convert_layout(out, layout), mask=mask)
     else:
         ptrs = out_ptr + t * stride_ot + o_heads * stride_oh + o_dims
-        gl.store(ptrs, gl.convert_layout(out.to(dtype), load_layout), mask=o_mask)
-        gl.store(lse_ptr + t * num_heads + s_heads, lse2 * LN2, mask=s_heads < num_heads)
+        gl.store(ptrs, gl.convert_layout(out.to(out_ptr.dtype.element_ty), layout), mask=mask)
