@@ -60,6 +60,7 @@ sm90 = pytest.mark.skipif(
         (64, 512, 512, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 3, 1, 2, True)),
         (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 2, 2, False)),
         (128, 256, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 1, 1, True)),
+        (64, 512, 40, torch.bfloat16, torch.int64, Sm90GatherConfig(32, 4, 1, 2, False)),
     ],
 )
 def test_the_hopper_kernel_matches_the_reference_partial(heads, width, rows, dtype, index_dtype,

@@ -44,23 +44,48 @@ NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
 
 
 @gluon.jit
-def _entries(blocks_ptr, offsets_ptr, valid_ptr, idx, end, stride_cb, stride_cs):
-    """Element offsets of the list entries `idx` in the cache and whether each is visible;
-    entries past `end` or hidden read nothing (offset 0, masked)."""
+def _entries(blocks_ptr, offsets_ptr, valid_ptr, idx, end):
+    """Issue the loads of the list entries `idx` (visibility, block, slot; entries past `end`
+    read as hidden). Nothing here uses the loaded values, so no thread waits for them until
+    `_gather` does, an iteration later."""
     in_list = idx < end
-    valid = (gl.load(valid_ptr + idx, mask=in_list, other=0) != 0) & in_list
-    block = gl.load(blocks_ptr + idx, mask=in_list, other=0).to(gl.int64)
-    slot = gl.load(offsets_ptr + idx, mask=in_list, other=0).to(gl.int64)
-    return gl.where(valid, block * stride_cb + slot * stride_cs, 0), valid
+    valid = gl.load(valid_ptr + idx, mask=in_list, other=0)
+    block = gl.load(blocks_ptr + idx, mask=in_list, other=0)
+    slot = gl.load(offsets_ptr + idx, mask=in_list, other=0)
+    return valid, block, slot
 
 
 @gluon.jit
-def _gather(cache_ptr, row_off, valid, dims, buf):
-    """Asynchronous copy of the tile's rows (`row_off` element offsets) into `buf`; hidden rows
-    are zero-filled."""
+def _gather(cache_ptr, entries, stride_cb, stride_cs, dims, buf):
+    """Asynchronous copy of the rows the `entries` name into `buf`; hidden rows are
+    zero-filled."""
+    valid, block, slot = entries
+    seen = valid != 0
+    row_off = gl.where(seen, block.to(gl.int64) * stride_cb + slot.to(gl.int64) * stride_cs, 0)
     ptrs = cache_ptr + gl.expand_dims(row_off, 1) + gl.expand_dims(dims, 0)
-    mask = gl.expand_dims(valid, 1) & gl.expand_dims(dims >= 0, 0)
+    mask = gl.expand_dims(seen, 1) & gl.expand_dims(dims >= 0, 0)
     async_copy.async_copy_global_to_shared(buf, ptrs, mask=mask)
+
+
+@gluon.jit
+def _scores(q0, q1, rows_smem, stage, s_zero):
+    """Issue S = Q R^T for the tile in ring slot `stage` (two chained wgmmas, one per feature
+    half; two commit groups); wait on the result before use."""
+    qk = warpgroup_mma(q0, rows_smem.index(2 * stage).permute((1, 0)), s_zero, use_acc=False,
+                       is_async=True)  # fmt: skip
+    return warpgroup_mma(q1, rows_smem.index(2 * stage + 1).permute((1, 0)), qk, is_async=True)
+
+
+@gluon.jit
+def _softmax(qk, visible, qk_scale, m_i, l_i):
+    """Online-softmax step over one tile's scores (log2 units; hidden columns -inf): the
+    probabilities, the factor that rescales what was accumulated, the new max and sum."""
+    qk = gl.where(gl.expand_dims(visible != 0, 0), qk * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(qk, axis=1))
+    m_safe = gl.where(m_new > float("-inf"), m_new, 0.0)
+    p = gl.exp2(qk - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
@@ -152,16 +177,15 @@ def gathered_attention_sm90_kernel(
     # Prologue: tiles 0 .. STAGES - 2 in flight (the query with the first), the entries of tile
     # STAGES - 1 loaded.
     for stage in gl.static_range(STAGES - 1):
-        row_off, valid = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx,
-                                  end, stride_cb, stride_cs)  # fmt: skip
-        _gather(cache_ptr, row_off, valid, cdims, rows_smem.index(2 * stage))
-        _gather(cache_ptr, row_off, valid, C + cdims, rows_smem.index(2 * stage + 1))
+        first = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx, end)
+        _gather(cache_ptr, first, stride_cb, stride_cs, cdims, rows_smem.index(2 * stage))
+        _gather(cache_ptr, first, stride_cb, stride_cs, C + cdims, rows_smem.index(2 * stage + 1))
         async_copy.commit_group()
     nxt = begin + (STAGES - 1) * TILE + idx
-    row_off, valid = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end, stride_cb, stride_cs)
+    entries = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end)
 
     cols = begin + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
-    visible = gl.load(valid_ptr + cols, mask=cols < end, other=0) != 0  # tile 0's columns
+    visible = gl.load(valid_ptr + cols, mask=cols < end, other=0)  # tile 0's columns (uint8)
     qk_scale = scale * LOG2E
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_layout))
@@ -172,44 +196,36 @@ def gathered_attention_sm90_kernel(
         # Issue tile i + STAGES - 1 (its entries were loaded last iteration), then load the
         # entries of the tile after it, to be used next iteration.
         ahead = (i + STAGES - 1) % STAGES
-        _gather(cache_ptr, row_off, valid, cdims, rows_smem.index(2 * ahead))
-        _gather(cache_ptr, row_off, valid, C + cdims, rows_smem.index(2 * ahead + 1))
+        _gather(cache_ptr, entries, stride_cb, stride_cs, cdims, rows_smem.index(2 * ahead))
+        _gather(cache_ptr, entries, stride_cb, stride_cs, C + cdims,
+                rows_smem.index(2 * ahead + 1))  # fmt: skip
         async_copy.commit_group()
         nxt = begin + (i + STAGES) * TILE + idx
-        row_off, valid = _entries(
-            blocks_ptr, offsets_ptr, valid_ptr, nxt, end, stride_cb, stride_cs
-        )
+        entries = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end)
         cols += TILE  # the next tile's visibility, used next iteration
-        visible_next = gl.load(valid_ptr + cols, mask=cols < end, other=0) != 0
+        visible_next = gl.load(valid_ptr + cols, mask=cols < end, other=0)  # used raw later
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         fence_async_shared()  # visible to the wgmma's async proxy
         gl.thread_barrier()  # ... and every other thread's
-        r0 = rows_smem.index(2 * (i % STAGES))
-        r1 = rows_smem.index(2 * (i % STAGES) + 1)
-        qk = warpgroup_mma(q0, r0.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        qk = warpgroup_mma(q1, r1.permute((1, 0)), qk, is_async=True)
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
-        qk = gl.where(gl.expand_dims(visible, 0), qk * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(qk, axis=1))
-        m_safe = gl.where(m_new > float("-inf"), m_new, 0.0)
-        p = gl.exp2(qk - gl.expand_dims(m_safe, 1))
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
+        cur = i % STAGES
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q0, q1, rows_smem, cur, s_zero),))
+        p, alpha, m_i, l_i = _softmax(qk, visible, qk_scale, m_i, l_i)
         p_smem.store(p.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         alpha_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
         if HALVES == 1:
-            acc0 = warpgroup_mma(p_smem, r0, acc0 * alpha_o, is_async=True)
-            acc1 = warpgroup_mma(p_smem, r1, acc1 * alpha_o, is_async=True)
+            acc0 = warpgroup_mma(p_smem, rows_smem.index(2 * cur), acc0 * alpha_o,
+                                 is_async=True)  # fmt: skip
+            acc1 = warpgroup_mma(p_smem, rows_smem.index(2 * cur + 1), acc1 * alpha_o,
+                                 is_async=True)  # fmt: skip
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
         else:
-            values = rows_smem.index(2 * (i % STAGES) + half)
-            acc0 = warpgroup_mma(p_smem, values, acc0 * alpha_o, is_async=True)
+            acc0 = warpgroup_mma(p_smem, rows_smem.index(2 * cur + half), acc0 * alpha_o,
+                                 is_async=True)  # fmt: skip
             acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
         visible = visible_next
-        gl.thread_barrier()  # every warpgroup is done with p and this buffer before reuse
+        gl.thread_barrier()  # every warpgroup is done with p and this slot before reuse
     async_copy.wait_group(0)
 
     seen = l_i > 0.0
