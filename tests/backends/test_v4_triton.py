@@ -21,6 +21,20 @@ from unified_attn.backends.triton.v4_ops import GatherConfig, gathered_attention
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def gathered_case(seed, tokens, heads, width, num_blocks, block_size, rows, dtype):
+    """Random queries and cache, and per-token lists of (block, slot) rows about 70% visible;
+    a stale NaN row no token sees, and token 2 sees nothing (lse -inf, output 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(num_blocks, block_size, width, generator=gen).to(dtype)
+    cache[3, 2, 5] = float("nan")
+    q = torch.randn(tokens, heads, width, generator=gen).to(dtype)
+    blocks = torch.randint(0, num_blocks, (tokens, rows), generator=gen)
+    offsets = torch.randint(0, block_size, (tokens, rows), generator=gen)
+    valid = (torch.rand(tokens, rows, generator=gen) > 0.3) & ~((blocks == 3) & (offsets == 2))
+    valid[2] = False
+    return q, cache, blocks, offsets, valid
+
+
 @pytest.mark.parametrize(
     ("dtype", "index_dtype", "config"),
     [
@@ -36,15 +50,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     ],
 )
 def test_gathered_attention_matches_the_reference_partial(dtype, index_dtype, config):
-    gen = torch.Generator().manual_seed(0)
-    tokens, heads, width, num_blocks, block_size, rows = 5, 20, 64, 12, 8, 45  # 20: 16 + 4
-    cache = torch.randn(num_blocks, block_size, width, generator=gen).to(dtype)
-    cache[3, 2, 5] = float("nan")  # a stale row no token may read
-    q = torch.randn(tokens, heads, width, generator=gen).to(dtype)
-    blocks = torch.randint(0, num_blocks, (tokens, rows), generator=gen)
-    offsets = torch.randint(0, block_size, (tokens, rows), generator=gen)
-    valid = (torch.rand(tokens, rows, generator=gen) > 0.3) & ~((blocks == 3) & (offsets == 2))
-    valid[2] = False  # a token that sees nothing: lse -inf, output 0
+    tokens, heads = 5, 20  # 20 heads: 16 + 4
+    q, cache, blocks, offsets, valid = gathered_case(0, tokens, heads, 64, 12, 8, 45, dtype)
     args = [t.to(DEVICE) for t in (q, cache, blocks.to(index_dtype), offsets.to(index_dtype))]
     out, lse = torch.empty_like(args[0]), torch.empty(tokens, heads, device=DEVICE)
     gathered_attention(*args, valid.to(DEVICE), 0.125, out, lse, config)

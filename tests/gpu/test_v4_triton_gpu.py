@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.backends.test_v4_triton import gathered_case
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.backends.deepseek_v4_steps import partial_attention
 from unified_attn.backends.triton.deepseek_v4_backend import TritonDeepseekV4Backend
@@ -65,15 +66,8 @@ sm90 = pytest.mark.skipif(
 )
 def test_the_hopper_kernel_matches_the_reference_partial(heads, width, rows, dtype, index_dtype,
                                                          config):  # fmt: skip
-    gen = torch.Generator().manual_seed(1)
-    tokens, num_blocks, block_size = 6, 40, 16
-    cache = torch.randn(num_blocks, block_size, width, generator=gen).to(dtype)
-    cache[3, 2, 5] = float("nan")  # a stale row no token may read
-    q = torch.randn(tokens, heads, width, generator=gen).to(dtype)
-    blocks = torch.randint(0, num_blocks, (tokens, rows), generator=gen)
-    offsets = torch.randint(0, block_size, (tokens, rows), generator=gen)
-    valid = (torch.rand(tokens, rows, generator=gen) > 0.3) & ~((blocks == 3) & (offsets == 2))
-    valid[2] = False  # a token that sees nothing: lse -inf, output 0
+    tokens = 6
+    q, cache, blocks, offsets, valid = gathered_case(1, tokens, heads, width, 40, 16, rows, dtype)
     valid[4, 64:] = False  # whole tiles (and splits) hidden
     args = [t.cuda() for t in (q, cache, blocks.to(index_dtype), offsets.to(index_dtype))]
     assert sm90_eligible(args[0], args[1], args[0])

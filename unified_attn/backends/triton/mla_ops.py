@@ -16,9 +16,9 @@ import attrs
 import torch
 import triton
 
+from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
 from unified_attn.backends.triton.kernels.mla_attention import (
     mla_attention_kernel,
-    mla_merge_kernel,
     write_latent_cache_kernel,
 )
 from unified_attn.backends.triton.ops import (
@@ -343,9 +343,10 @@ def mla_attention(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split is not None:
-        mla_merge_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_lse, num_heads, num_segments, out.stride(0), out.stride(1),
-            KV_LORA_RANK=kv_lora_rank, SEGMENTS_PAD=triton.next_power_of_2(num_segments),
+        merge_partials_kernel[(num_tokens, num_heads)](
+            out, part_lse, part_acc, part_lse, num_heads, num_segments, out.stride(0),
+            out.stride(1), D=kv_lora_rank, PARTS_PAD=triton.next_power_of_2(num_segments),
+            WRITE_LSE=False,
         )  # fmt: skip
     return out
 

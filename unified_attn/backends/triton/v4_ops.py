@@ -7,13 +7,11 @@ import attrs
 import torch
 import triton
 
-from unified_attn.backends.triton.kernels.gathered_attention import (
-    gathered_attention_kernel,
-    gathered_merge_kernel,
-)
+from unified_attn.backends.triton.kernels.gathered_attention import gathered_attention_kernel
 from unified_attn.backends.triton.kernels.gathered_attention_sm90 import (
     gathered_attention_sm90_kernel,
 )
+from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, num_multiprocessors
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -135,8 +133,8 @@ def gathered_attention(
     splits = triton.cdiv(num_rows, segment)  # none empty
     part_out = part_lse = lse  # placeholders, not written without a split
     if splits > 1:
-        part_out = q.new_empty(num_tokens, splits, num_heads, width, dtype=torch.float32)
-        part_lse = q.new_empty(num_tokens, splits, num_heads, dtype=torch.float32)
+        part_out = q.new_empty(num_tokens, num_heads, splits, width, dtype=torch.float32)
+        part_lse = q.new_empty(num_tokens, num_heads, splits, dtype=torch.float32)
     halves = 1
     if isinstance(cfg, Sm90GatherConfig):
         fits = 2 * num_tokens * groups * splits <= num_multiprocessors(q.device)
@@ -158,9 +156,9 @@ def gathered_attention(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
         )  # fmt: skip
     if splits > 1:
-        gathered_merge_kernel[(num_tokens, num_heads)](
+        merge_partials_kernel[(num_tokens, num_heads)](
             out, lse, part_out, part_lse, num_heads, splits, out.stride(0), out.stride(1),
-            D=width, SPLITS_PAD=triton.next_power_of_2(splits),
+            D=width, PARTS_PAD=triton.next_power_of_2(splits), WRITE_LSE=True,
         )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ and a zero output where the token sees no row), which the model merges with the 
 partials and the sinks.
 
 With SPLIT, each program walks one `segment` of the list and writes a partial
-(normalised output in float32 and log2-sum-exp) that `gathered_merge_kernel` merges; the grid is
+(normalised output in float32 and log2-sum-exp) that `merge_partials_kernel` merges; the grid is
 (head groups, splits, tokens). On sm90 the Hopper kernel (gathered_attention_sm90.py) runs
 instead for 16-bit data.
 
@@ -52,8 +52,8 @@ def gathered_attention_kernel(
     blocks_ptr,  # [T, S] int32 or int64
     offsets_ptr,  # [T, S] int32 or int64
     valid_ptr,  # [T, S] uint8
-    part_out_ptr,  # SPLIT: [T, num_splits, H, D] float32
-    part_lse_ptr,  # SPLIT: [T, num_splits, H] float32, log2 units
+    part_out_ptr,  # SPLIT: [T, H, num_splits, D] float32
+    part_lse_ptr,  # SPLIT: [T, H, num_splits] float32, log2 units
     scale,
     num_heads,
     num_rows,  # S
@@ -121,8 +121,8 @@ def gathered_attention_kernel(
     seen = l_i > 0.0
     norm = tl.where(seen, l_i, 1.0)
     lse2 = tl.where(seen, m_i + tl.log2(norm), float("-inf"))
-    if SPLIT:  # this part of the list's partial, merged by `gathered_merge_kernel`
-        part = (t * tl.num_programs(1) + split) * num_heads + heads
+    if SPLIT:  # this part of the list's partial, merged by `merge_partials_kernel`
+        part = (t * num_heads + heads) * tl.num_programs(1) + split
         tl.store(part_out_ptr + part[:, None] * D + dims[None, :], acc / norm[:, None],
                  mask=head_ok[:, None])  # fmt: skip
         tl.store(part_lse_ptr + part, lse2, mask=head_ok)
@@ -133,39 +133,3 @@ def gathered_attention_kernel(
             mask=head_ok[:, None],
         )
         tl.store(lse_ptr + t * num_heads + heads, lse2 * LN2, mask=head_ok)
-
-
-@triton.jit
-def gathered_merge_kernel(
-    out_ptr,  # [T, H, D] query dtype
-    lse_ptr,  # [T, H] float32, natural log
-    part_out_ptr,  # [T, num_splits, H, D] float32
-    part_lse_ptr,  # [T, num_splits, H] float32, log2 units
-    num_heads,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    D: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    """Log-sum-exp merge of one (token, head)'s split partials: weights `2^(lse_s - max)`; a
-    split that sees no row (lse -inf) weighs 0 and its partial is not read; a token that sees no
-    row at all gets a zero output and lse -inf."""
-    t = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, D)
-    part = (t * num_splits + splits) * num_heads + head
-    lse = tl.load(part_lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
-    top = tl.max(lse, axis=0)
-    shift = tl.where(top > float("-inf"), top, 0.0)
-    weight = tl.exp2(lse - shift)
-    total = tl.sum(weight, axis=0)
-    seen = lse > float("-inf")
-    partial = tl.load(part_out_ptr + part[:, None] * D + dims[None, :], mask=seen[:, None],
-                      other=0.0)  # fmt: skip
-    norm = tl.where(total > 0.0, total, 1.0)
-    out = tl.sum(partial * weight[:, None], axis=0) / norm
-    tl.store(out_ptr + t * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
-    merged = tl.where(total > 0.0, (shift + tl.log2(norm)) * LN2, float("-inf"))
-    tl.store(lse_ptr + t * num_heads + head, merged)

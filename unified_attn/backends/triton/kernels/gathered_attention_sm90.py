@@ -3,7 +3,7 @@
 Same contract as `gathered_attention_kernel` (gathered_attention.py), same arguments: each query
 token attends over its own list of cache rows (key = value, one KV head of D features) as a
 partial softmax, optionally over one split of the list (SPLIT: the partials are merged by
-`gathered_merge_kernel`).
+`merge_partials_kernel`).
 
 Why a second kernel: at DeepSeek-V4's decode shape (64 heads of 512) the Triton kernel cannot use
 the Hopper tensor-core instructions well. With 32 heads per program the compiler falls back to
@@ -97,8 +97,8 @@ def gathered_attention_sm90_kernel(
     blocks_ptr,  # [T, S] int32 or int64
     offsets_ptr,  # [T, S] int32 or int64
     valid_ptr,  # [T, S] uint8
-    part_out_ptr,  # SPLIT: [T, num_splits, H, D] float32
-    part_lse_ptr,  # SPLIT: [T, num_splits, H] float32, log2 units
+    part_out_ptr,  # SPLIT: [T, H, num_splits, D] float32
+    part_lse_ptr,  # SPLIT: [T, H, num_splits] float32, log2 units
     scale,
     num_heads,
     num_rows,
@@ -244,8 +244,8 @@ def gathered_attention_sm90_kernel(
                      num_heads, stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
     if half == 0:  # one program of a token's halves stores the log-sum-exp
         if SPLIT:
-            part = (t * gl.num_programs(1) + split) * num_heads
-            gl.store(part_lse_ptr + part + s_heads, lse2, mask=s_mask)
+            part = (t * num_heads + s_heads) * gl.num_programs(1) + split
+            gl.store(part_lse_ptr + part, lse2, mask=s_mask)
         else:
             gl.store(lse_ptr + t * num_heads + s_heads, lse2 * LN2, mask=s_mask)
 
@@ -262,8 +262,8 @@ def _store_chunk(
     o_dims = gl.expand_dims(dims, 0)
     mask = (o_heads < num_heads) & (o_dims >= 0)
     if SPLIT:
-        part = (t * gl.num_programs(1) + split) * num_heads
-        ptrs = part_out_ptr + (part + o_heads) * D + o_dims
+        part = (t * num_heads + o_heads) * gl.num_programs(1) + split
+        ptrs = part_out_ptr + part * D + o_dims
         gl.store(ptrs, gl.convert_layout(out, layout), mask=mask)
     else:
         ptrs = out_ptr + t * stride_ot + o_heads * stride_oh + o_dims

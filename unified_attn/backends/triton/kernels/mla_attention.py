@@ -28,8 +28,8 @@ key looks up its own page.
 Split-KV (flash-decoding, SPLIT): segment s covers keys `[s * segment_len, (s + 1) *
 segment_len)` (the last segment everything after, so a plan made for shorter contexts stays
 correct), and writes its rows' normalised partial output and log2-sum-exp to float32 scratch;
-`mla_merge_kernel` combines the segments of each (token, head). Empty segments write lse = -inf
-and drop out of the merge.
+`merge_partials_kernel` (merge_partials.py) combines the segments of each (token, head). Empty
+segments write lse = -inf and drop out of the merge.
 """
 
 import triton
@@ -196,42 +196,6 @@ def mla_attention_kernel(
             partial.to(out_ptr.dtype.element_ty),
             mask=row_valid[:, None],
         )
-
-
-@triton.jit
-def mla_merge_kernel(
-    out_ptr,  # [T, H, L]
-    part_acc_ptr,  # [T, H, num_segments, L] float32
-    part_lse_ptr,  # [T, H, num_segments] float32, log2 units
-    num_heads,
-    num_segments,
-    stride_ot,
-    stride_oh,
-    KV_LORA_RANK: tl.constexpr,
-    SEGMENTS_PAD: tl.constexpr,
-):
-    """Log-sum-exp merge of the segments of one (token, head): weights `2^(lse_s - max)`; a
-    segment with lse = -inf (no visible key) weighs 0 and its partial output is not read."""
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    segs = tl.arange(0, SEGMENTS_PAD)
-    dims = tl.arange(0, KV_LORA_RANK)
-    base = (token * num_heads + head) * num_segments
-    lse = tl.load(part_lse_ptr + base + segs, mask=segs < num_segments, other=float("-inf"))
-    lse_max = tl.max(lse, axis=0)
-    shift = tl.where(lse_max > float("-inf"), lse_max, 0.0)
-    weight = tl.exp2(lse - shift)  # 0 where lse = -inf
-    total = tl.sum(weight, axis=0)
-    seen = lse > float("-inf")
-    partial = tl.load(
-        part_acc_ptr + (base + segs)[:, None] * KV_LORA_RANK + dims[None, :],
-        mask=seen[:, None],
-        other=0.0,
-    )
-    out = tl.sum(partial * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty)
-    )
 
 
 @triton.jit
