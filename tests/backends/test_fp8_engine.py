@@ -16,7 +16,6 @@ from unified_attn.cli import main
 from unified_attn.models import DecoderModel
 from unified_attn.models.hf import load_hf_model, split_kv_scales
 from unified_attn.models.hf_config import config_from_hf
-from unified_attn.runner.config import EngineConfig
 
 PROMPTS = [[(7 * i + 3 * j) % 256 for j in range(40 + 23 * i)] for i in range(3)]
 LOGITS = SamplingParams(max_tokens=1, prompt_logits=True)
@@ -34,11 +33,6 @@ def prompt_logits(preset: str, **kwargs) -> torch.Tensor:
 def test_unsupported_cache_dtypes_are_a_clear_value_error(bad):
     with pytest.raises(ValueError, match=rf"kv_cache_dtype={bad!r} is not supported; use 'auto'"):
         LLMEngine("tiny-llama", kv_cache_dtype=bad)
-
-
-def test_fp8_with_tensor_parallelism_is_refused_before_anything_starts():
-    with pytest.raises(ValueError, match="kv_cache_dtype='fp8' with tensor_parallel_size=2"):
-        EngineConfig(kv_cache_dtype="fp8", tensor_parallel_size=2)
 
 
 @pytest.mark.parametrize(

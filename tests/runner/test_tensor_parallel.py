@@ -9,7 +9,10 @@ import signal
 import time
 
 import pytest
+import torch
 
+from tests.backends.test_fp8_engine import LOGITS, prompt_logits, write_checkpoint
+from tests.backends.test_fp8_engine import PROMPTS as FP8_PROMPTS
 from tests.models.hf_models import make_family_model, make_hf_model, save_hf_model
 from tests.models.test_deepseek_hf import make_deepseek
 from tests.models.test_deepseek_v4_hf import make_v4
@@ -85,6 +88,43 @@ def test_checkpoints_split_by_heads_and_features(family, tmp_path):
     """Transformers checkpoints of every family with attention layers only."""
     path = save_hf_model(CHECKPOINTS[family](), tmp_path / family)
     check_equal_to_one_device(str(path), 2, kv_cache_memory="2MiB")
+
+
+def test_an_fp8_cache_with_checkpoint_scales_gives_the_tokens_of_one_device(tmp_path):
+    """The checkpoint's one K and one V scale per layer reach every rank unsplit, so each rank
+    stores its heads' keys and values exactly as one device does."""
+    scales = {f"model.layers.{i}.self_attn.{kind}_scale": torch.tensor(0.01)
+              for i in range(2) for kind in "kv"}  # fmt: skip
+    path = write_checkpoint(tmp_path / "fp8-scales", scales)
+    check_equal_to_one_device(path, 2, kv_cache_dtype="fp8", kv_cache_memory="2MiB")
+    # ... and the quantization is visible: one device's fp8 logits differ from its 32-bit ones
+    fp8, exact = (prompt_logits(path, kv_cache_dtype=d) for d in ("fp8", "auto"))
+    assert (fp8 - exact).abs().max() > 1e-3
+
+
+def test_an_fp8_latent_cache_gives_the_tokens_of_one_device():
+    """MLA's latent is replicated, so every rank calibrates the same scale from the same
+    latents as one device."""
+    check_equal_to_one_device(
+        "deepseek-v3-like", 2, kv_cache_dtype="fp8", max_num_batched_tokens=48
+    )
+
+
+def test_calibrated_fp8_scales_per_rank_keep_the_documented_tolerance():
+    """Without checkpoint scales each rank calibrates from its own heads (as vLLM does per rank),
+    so its bytes may differ from one device's; the logits keep the fp8 tolerance of
+    docs/kv-cache.md against the unquantized single-device run."""
+    exact = prompt_logits("tiny-llama")
+    engine = LLMEngine("tiny-llama", dtype="float32", kv_cache_memory="16MiB",
+                       kv_cache_dtype="fp8", tensor_parallel_size=2)  # fmt: skip
+    try:
+        fp8 = torch.cat([out.prompt_logits for out in engine.generate(FP8_PROMPTS, LOGITS)])
+    finally:
+        engine.shutdown()
+    largest = exact.abs().max()
+    per_token = (fp8 - exact).abs().amax(-1) / largest
+    assert (fp8 - exact).abs().mean() / largest <= 0.02 and per_token.max() <= 0.10
+    assert (fp8 - exact).abs().max() / largest > 1e-3  # the ranks' caches really are quantized
 
 
 def test_every_rank_sizes_its_cache_and_all_use_the_minimum():

@@ -206,6 +206,7 @@ def shard_decoder(
     state = full.state_dict()
     for name, param in local.named_parameters():
         param.copy_(_slice(name, state[name], tuple(param.shape), full.config, plan))
+    copy_kv_scales(full, local)
     local.model.embed_tokens = VocabParallelEmbedding(  # type: ignore[assignment]
         local.model.embed_tokens, plan.vocab_start, all_reduce
     )
@@ -219,6 +220,16 @@ def shard_decoder(
         else:  # experts (and a shared expert): one sum of the whole block
             cast(Any, layer).mlp = ReducedOutput(mlp, all_reduce)
     return local
+
+
+def copy_kv_scales(full: torch.nn.Module, local: torch.nn.Module) -> None:
+    """A checkpoint's fp8 KV scales (one K and one V scale per layer, for all its heads) onto
+    the shard's layers, unsplit: every rank quantizes its heads with the checkpoint's scales."""
+    scales = {name: m.kv_scales for name, m in full.named_modules()
+              if getattr(m, "kv_scales", None) is not None}  # fmt: skip
+    for name, module in local.named_modules():
+        if name in scales:
+            module.kv_scales = scales[name].to(next(local.parameters()).device)
 
 
 def _slice(

@@ -59,12 +59,6 @@ class EngineConfig:
     @kv_cache_dtype.validator
     def _check_kv_cache_dtype(self, _attribute: Any, value: str) -> None:
         kv_cache_dtype_name(value)  # a ValueError naming the choices
-        tp = self.tensor_parallel_size
-        if value != "auto" and isinstance(tp, int) and tp > 1:
-            raise ValueError(
-                f"kv_cache_dtype={value!r} with tensor_parallel_size={tp} "
-                "is not supported yet; use kv_cache_dtype='auto' or run on one device"
-            )
 
     @kv_cache_eviction.validator
     def _check_eviction(self, _attribute: Any, value: str) -> None:

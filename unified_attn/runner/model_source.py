@@ -129,6 +129,15 @@ def layer_kind_of(config: AnyModelConfig) -> str:
     return "attention"
 
 
+def backend_options(engine: Any, batch_invariant: bool) -> dict[str, Any]:
+    """The keyword arguments every attention backend of the model gets from the engine's
+    options (`EngineConfig`): batch-invariant mode, and an fp8 cache's torch dtype name."""
+    options: dict[str, Any] = {"batch_invariant": True} if batch_invariant else {}
+    if engine.kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = kv_cache_dtype_name(engine.kv_cache_dtype)
+    return options
+
+
 def load_model(engine: Any) -> ModelSource:
     """`engine` is an `EngineConfig`."""
     device = torch.device(engine.device)
@@ -137,11 +146,7 @@ def load_model(engine: Any) -> ModelSource:
     max_model_len = resolve_max_model_len(engine.max_model_len, config)
     selector_cfgs = selector_configs(config, dtype, engine)
     backend_cls = select_engine_backend(selector_cfgs, engine.backend)
-    options: dict[str, Any] = (
-        {"batch_invariant": True} if selector_cfgs[0].use_batch_invariant else {}
-    )
-    if engine.kv_cache_dtype != "auto":  # fp8: backends take the torch name
-        options["kv_cache_dtype"] = kv_cache_dtype_name(engine.kv_cache_dtype)
+    options = backend_options(engine, selector_cfgs[0].use_batch_invariant)
     if isinstance(config, (BertConfig, BartConfig)):
         encoder_model, encoder_tokenizer = _load_encoder_model(
             engine, config, backend_cls, dtype, device, options

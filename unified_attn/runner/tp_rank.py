@@ -32,6 +32,7 @@ from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.model_source import (
     ModelSource,
+    backend_options,
     default_dtype,
     load_model,
     model_config,
@@ -105,7 +106,7 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
     backend_cls = select_engine_backend(
         selector_configs(model_config(config.model), dtype, on_device), config.backend
     )
-    options = {"batch_invariant": True} if config.batch_invariant else {}
+    options = backend_options(config, config.batch_invariant)
     deepseek = isinstance(source.model, DeepseekForCausalLM | DeepseekV4ForCausalLM)
     shard: Any = shard_deepseek if deepseek else shard_decoder
     model = shard(
