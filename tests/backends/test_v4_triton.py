@@ -16,7 +16,11 @@ from unified_attn.backends.triton.deepseek_v4_backend import (
     TritonCompressedAttentionBackend,
     TritonDeepseekV4Backend,
 )
-from unified_attn.backends.triton.v4_ops import GatherConfig, gathered_attention
+from unified_attn.backends.triton.v4_ops import (
+    GatherConfig,
+    Sm90GatherConfig,
+    gathered_attention,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -63,6 +67,24 @@ def test_gathered_attention_matches_the_reference_partial(dtype, index_dtype, co
     assert lse[2].isneginf().all() and (out[2] == 0).all()
 
 
+def test_a_list_of_no_rows_gives_zero_outputs_and_no_mass():
+    q = torch.randn(3, 4, 32, device=DEVICE)
+    out, lse = torch.full_like(q, 7.0), torch.zeros(3, 4, device=DEVICE)
+    none = torch.zeros(3, 0, dtype=torch.long, device=DEVICE)
+    gathered_attention(q, torch.randn(2, 4, 32, device=DEVICE), none, none,
+                       none.bool(), 1.0, out, lse)  # fmt: skip
+    assert (out == 0).all() and lse.isneginf().all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal off sm90 (CPU)")
+def test_the_hopper_configuration_is_refused_off_sm90():
+    q = torch.randn(2, 4, 128)
+    with pytest.raises(ValueError, match="Sm90GatherConfig needs an sm90 GPU"):
+        gathered_attention(q, torch.randn(3, 4, 128), *[torch.zeros(2, 5, dtype=torch.long)] * 2,
+                           torch.ones(2, 5, dtype=torch.bool), 1.0, torch.empty_like(q),
+                           torch.empty(2, 4), Sm90GatherConfig())  # fmt: skip
+
+
 def test_gathered_attention_names_what_is_wrong():
     q = torch.randn(2, 4, 24)
     with pytest.raises(ValueError, match="head size 24 is not a power of two"):
@@ -74,6 +96,25 @@ def test_gathered_attention_names_what_is_wrong():
         gathered_attention(q, torch.randn(3, 4, 32), *[torch.zeros(2, 5)] * 2,
                            torch.ones(2, 5, dtype=torch.bool), 1.0, torch.empty_like(q),
                            torch.empty(2, 4))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: GatherConfig(24, 64, 8, 3), "GatherConfig.heads: expected a power of two >= 16"),
+        (lambda: GatherConfig(32, 64, 8, 0), "GatherConfig.num_stages: expected an int >= 1"),
+        (lambda: GatherConfig(32, 64, 8, 3, splits=-1), "GatherConfig.splits: expected an int"),
+        (lambda: Sm90GatherConfig(tile=48), "Sm90GatherConfig.tile: expected a power of two"),
+        (lambda: Sm90GatherConfig(num_stages=1), "Sm90GatherConfig.num_stages: expected an int"),
+        (
+            lambda: Sm90GatherConfig(halves=3),
+            r"Sm90GatherConfig.halves: expected an int in \[0, 2\]",
+        ),
+    ],
+)
+def test_kernel_configurations_name_the_bad_field(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
 
 
 @pytest.fixture(scope="module")

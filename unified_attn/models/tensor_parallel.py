@@ -222,14 +222,14 @@ def shard_decoder(
     return local
 
 
-def copy_kv_scales(full: torch.nn.Module, local: torch.nn.Module) -> None:
+def copy_kv_scales(full: DecoderModel, local: DecoderModel) -> None:
     """A checkpoint's fp8 KV scales (one K and one V scale per layer, for all its heads) onto
     the shard's layers, unsplit: every rank quantizes its heads with the checkpoint's scales."""
     scales = {name: m.kv_scales for name, m in full.named_modules()
               if getattr(m, "kv_scales", None) is not None}  # fmt: skip
     for name, module in local.named_modules():
         if name in scales:
-            module.kv_scales = scales[name].to(next(local.parameters()).device)
+            module.kv_scales = scales[name].to(local.device)
 
 
 def _slice(

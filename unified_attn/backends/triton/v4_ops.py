@@ -3,6 +3,9 @@ caches): `gathered_attention`."""
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import attrs
 import torch
 import triton
@@ -18,15 +21,49 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 SM90_WIDTHS = (128, 256, 512)  # the widths its GPU tests cover (a D / 2 feature half per wgmma)
 
 
+def _power_of_two(low: int) -> Any:
+    """attrs validator: an int power of two >= `low`."""
+
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or value < low
+            or value & (value - 1)
+        ):
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name}: expected a power of two >= {low}, "
+                f"got {value!r}"
+            )
+
+    return check
+
+
+def _at_least(low: int, *, most: int | None = None) -> Any:
+    """attrs validator: an int in [low, most]."""
+
+    def check(instance: Any, attribute: Any, value: Any) -> None:
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < low
+        if bad or (most is not None and value > most):
+            span = f">= {low}" if most is None else f"in [{low}, {most}]"
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name}: expected an int {span}, got {value!r}"
+            )
+
+    return check
+
+
 @attrs.frozen
 class GatherConfig:
-    heads: int  # query heads per program; the programs of one token share its rows through L2
-    tile: int  # rows per loop iteration
-    num_warps: int
-    num_stages: int
+    # query heads per program; the programs of one token share its rows through L2
+    heads: int = attrs.field(validator=_power_of_two(16))
+    tile: int = attrs.field(validator=_power_of_two(16))  # rows per loop iteration
+    num_warps: int = attrs.field(validator=_power_of_two(1))
+    num_stages: int = attrs.field(validator=_at_least(1))
     index_ahead: bool = True  # load the next tile's list entries while this tile is used
     max_registers: int | None = None  # per thread (Triton's `maxnreg`): more programs per SM
-    splits: int = 1  # parts of each token's list on their own programs, merged after; 0: auto
+    # parts of each token's list on their own programs, merged after; 0: auto
+    splits: int = attrs.field(default=1, validator=_at_least(0))
 
 
 @attrs.frozen
@@ -39,17 +76,22 @@ class Sm90GatherConfig:
     the idle SMs for the price of computing the scores twice, where splitting a list (and
     merging) cost more than it saved."""
 
-    tile: int = 64
-    num_stages: int = 2
-    splits: int = 1
-    halves: int = 0
+    tile: int = attrs.field(default=64, validator=_power_of_two(16))
+    num_stages: int = attrs.field(default=2, validator=_at_least(2))  # one loads, one is used
+    splits: int = attrs.field(default=1, validator=_at_least(0))
+    halves: int = attrs.field(default=0, validator=_at_least(0, most=2))
     q_regs: bool = False  # the query in registers, freeing its shared memory for a row buffer
+
+
+@functools.cache
+def _is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def sm90_eligible(q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> bool:
     """The Hopper kernel serves 16-bit queries on an sm90 device whose rows, query and output
     rows start on 16-byte boundaries (its copies move 16 bytes)."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not _is_sm90(q.device):
         return False
     strides = (*q.stride()[:2], *out.stride()[:2], *cache.stride()[:2])
     aligned = all(t.data_ptr() % 16 == 0 for t in (q, cache, out))
@@ -123,9 +165,18 @@ def gathered_attention(
     blocks, offsets = blocks.contiguous(), offsets.contiguous()  # no copy when they are
     valid = visible.contiguous().view(torch.uint8)
     q = q if q.stride(-1) == 1 else q.contiguous()
-    if config is None and sm90_eligible(q, cache, out):
-        config = Sm90GatherConfig()
-    cfg = config or gather_config(width, num_heads)
+    if blocks.shape[1] == 0:  # no row for any token
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    hopper = sm90_eligible(q, cache, out)
+    if isinstance(config, Sm90GatherConfig) and not hopper:
+        raise ValueError(
+            "gathered attention: Sm90GatherConfig needs an sm90 GPU, 16-bit data, a head size "
+            f"of {SM90_WIDTHS} and 16-byte aligned rows; got {q.dtype} {tuple(q.shape)} on "
+            f"{q.device}; pass a GatherConfig or none"
+        )
+    cfg = config or (Sm90GatherConfig() if hopper else gather_config(width, num_heads))
     heads = 64 if isinstance(cfg, Sm90GatherConfig) else cfg.heads
     groups, num_rows = triton.cdiv(num_heads, heads), blocks.shape[1]
     splits = cfg.splits or auto_splits(num_tokens * groups, num_rows, cfg.tile, q.device)
