@@ -206,12 +206,7 @@ def shard_decoder(
     state = full.state_dict()
     for name, param in local.named_parameters():
         param.copy_(_slice(name, state[name], tuple(param.shape), full.config, plan))
-    copy_kv_scales(full, local)
-    local.model.embed_tokens = VocabParallelEmbedding(  # type: ignore[assignment]
-        local.model.embed_tokens, plan.vocab_start, all_reduce
-    )
-    vocab = full.config.vocab_size
-    local.gather_logits = lambda logits: all_gather(logits)[..., :vocab]
+    finish_shard(full, local, plan.vocab_start, all_reduce, all_gather)
     for layer in local.model.layers:
         attn, mlp = cast(Any, layer).self_attn, cast(Any, layer).mlp
         attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
@@ -222,9 +217,18 @@ def shard_decoder(
     return local
 
 
-def copy_kv_scales(full: DecoderModel, local: DecoderModel) -> None:
-    """A checkpoint's fp8 KV scales (one K and one V scale per layer, for all its heads) onto
-    the shard's layers, unsplit: every rank quantizes its heads with the checkpoint's scales."""
+def finish_shard(
+    full: Any, local: Any, vocab_start: int, all_reduce: AllReduce, all_gather: AllGather
+) -> None:
+    """What every family's shard does after its weights are sliced in: the embedding looks up
+    the rank's vocabulary rows and all-reduces, the logits are all-gathered and cut to the
+    vocabulary, and a checkpoint's fp8 KV scales (one K and one V scale per layer, for all its
+    heads) reach the shard's layers unsplit, so every rank quantizes its heads with them."""
+    local.model.embed_tokens = VocabParallelEmbedding(
+        local.model.embed_tokens, vocab_start, all_reduce
+    )
+    vocab = full.config.vocab_size
+    local.gather_logits = lambda logits: all_gather(logits)[..., :vocab]
     scales = {name: m.kv_scales for name, m in full.named_modules()
               if getattr(m, "kv_scales", None) is not None}  # fmt: skip
     for name, module in local.named_modules():

@@ -33,7 +33,7 @@ from unified_attn.models.tensor_parallel import (
     AllReduce,
     ReducedOutput,
     RowParallelLinear,
-    VocabParallelEmbedding,
+    finish_shard,
 )
 
 DeepseekConfigs = TypeVar("DeepseekConfigs", DeepseekConfig, DeepseekV4Config)
@@ -111,11 +111,7 @@ def shard_deepseek(
                 setattr(local.get_submodule(module), attr, state[name].to(tensor.device).clone())
             else:
                 tensor.copy_(_slice(name, state[name], tuple(tensor.shape), rank))
-    local.model.embed_tokens = VocabParallelEmbedding(
-        local.model.embed_tokens, rank * config.vocab_size, all_reduce
-    )
-    vocab = full.config.vocab_size
-    local.gather_logits = lambda logits: all_gather(logits)[..., :vocab]
+    finish_shard(full, local, rank * config.vocab_size, all_reduce, all_gather)
     for layer in local.model.layers:
         attn = layer.self_attn
         if isinstance(full, DeepseekForCausalLM):
