@@ -22,18 +22,14 @@ from unified_attn.backends.triton.v4_ops import Sm90GatherConfig
 
 
 def parse_hopper(text: str) -> list[Sm90GatherConfig]:
-    """`TILE/STAGES/SPLITS[/HALVES[/QREGS]],...`; one line and exit 2 when malformed."""
+    """`TILE/STAGES/SPLITS[/HALVES],...`; one line and exit 2 when malformed."""
     try:
         fields = [[int(x) for x in c.split("/")] for c in text.split(",")]
-        if any(not 3 <= len(f) <= 5 or f[4:] not in ([], [0], [1]) for f in fields):
-            raise ValueError("3 to 5 fields per configuration, QREGS 0 or 1")
-        return [
-            Sm90GatherConfig(tile=f[0], num_stages=f[1], splits=f[2], halves=(f[3:] or [0])[0],
-                             q_regs=f[4:] == [1])
-            for f in fields
-        ]  # fmt: skip
+        if any(not 3 <= len(f) <= 4 for f in fields):
+            raise ValueError("3 or 4 fields per configuration")
+        return [Sm90GatherConfig(*f) for f in fields]
     except ValueError as error:
-        print(f"--hopper takes TILE/STAGES/SPLITS[/HALVES[/QREGS]],..., got {text!r}: {error}",
+        print(f"--hopper takes TILE/STAGES/SPLITS[/HALVES],..., got {text!r}: {error}",
               file=sys.stderr)  # fmt: skip
         raise SystemExit(2) from None
 
@@ -41,9 +37,7 @@ def parse_hopper(text: str) -> list[Sm90GatherConfig]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--configs", default="32/64/8/3/1", help="as v4_decode.py --configs")
-    parser.add_argument(
-        "--hopper", default="", help="sm90 kernel: TILE/STAGES/SPLITS[/HALVES[/QREGS]],..."
-    )
+    parser.add_argument("--hopper", default="", help="sm90 kernel: TILE/STAGES/SPLITS[/HALVES],...")
     args = parser.parse_args(argv)
     configs: list[Any] = list(v4_decode.parse_configs(args.configs))
     if args.hopper:

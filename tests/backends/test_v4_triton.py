@@ -17,6 +17,7 @@ from unified_attn.backends.triton.deepseek_v4_backend import (
     TritonDeepseekV4Backend,
 )
 from unified_attn.backends.triton.v4_ops import (
+    SM90_SHARED_BYTES,
     GatherConfig,
     Sm90GatherConfig,
     gathered_attention,
@@ -115,6 +116,14 @@ def test_gathered_attention_names_what_is_wrong():
 def test_kernel_configurations_name_the_bad_field(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_the_hopper_configurations_shared_memory_is_counted():
+    # The query (64 heads), the ring and the probabilities: 200 KiB by default at V4's width
+    # (the compiler reports 205312 bytes, 512 of them scratch); a third 64-row buffer is over.
+    assert Sm90GatherConfig().shared_bytes(512) == 204800
+    assert Sm90GatherConfig(32, 4).shared_bytes(512) == 200704
+    assert Sm90GatherConfig(64, 3).shared_bytes(512) + 1024 > SM90_SHARED_BYTES
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,14 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_v4_decode
 
 
 def test_hopper_configurations_are_parsed(bench):
-    configs = bench.parse_hopper("64/2/1,32/4/1/2/1")
-    assert [(c.tile, c.num_stages, c.splits, c.halves, c.q_regs) for c in configs] == [
-        (64, 2, 1, 0, False),
-        (32, 4, 1, 2, True),
+    configs = bench.parse_hopper("64/2/1,32/4/1/2")
+    assert [(c.tile, c.num_stages, c.splits, c.halves) for c in configs] == [
+        (64, 2, 1, 0),
+        (32, 4, 1, 2),
     ]
 
 
-@pytest.mark.parametrize("text", ["64/2", "64/2/1/2/3", "a/b/c", "48/2/1", "64/1/1", "64/2/1/5"])
+@pytest.mark.parametrize("text", ["64/2", "64/2/1/2/1", "a/b/c", "48/2/1", "64/1/1", "64/2/1/5"])
 def test_bad_hopper_configurations_exit_with_code_2_and_one_line(bench, capsys, text):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--hopper", text])

@@ -57,11 +57,12 @@ sm90 = pytest.mark.skipif(
         (128, 512, 300, torch.bfloat16, torch.int64, Sm90GatherConfig(32, 3, 3)),  # two groups
         (64, 128, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 2, 1)),
         (16, 256, 70, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 2, 0)),
-        # two programs per token (half the outputs each), the query in registers
-        (64, 512, 512, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 3, 1, 2, True)),
-        (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 2, 2, False)),
-        (128, 256, 200, torch.float16, torch.int64, Sm90GatherConfig(32, 4, 1, 1, True)),
-        (64, 512, 40, torch.bfloat16, torch.int64, Sm90GatherConfig(32, 4, 1, 2, False)),
+        # two programs per token (half the outputs each)
+        (64, 512, 512, torch.bfloat16, torch.int64, Sm90GatherConfig(64, 2, 1, 2)),
+        (20, 512, 300, torch.bfloat16, torch.int32, Sm90GatherConfig(64, 2, 2, 2)),
+        (128, 256, 200, torch.float16, torch.int64, Sm90GatherConfig(64, 3, 1, 2)),
+        (64, 128, 200, torch.float16, torch.int64, Sm90GatherConfig(64, 4, 1, 2)),
+        (64, 512, 40, torch.bfloat16, torch.int64, Sm90GatherConfig(32, 4, 1, 2)),
     ],
 )
 def test_the_hopper_kernel_matches_the_reference_partial(heads, width, rows, dtype, index_dtype,
@@ -79,3 +80,12 @@ def test_the_hopper_kernel_matches_the_reference_partial(heads, width, rows, dty
     torch.testing.assert_close(out.cpu().float(), want_out, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(lse.cpu(), want_lse, rtol=1e-3, atol=1e-3)
     assert lse[2].isneginf().all() and (out[2] == 0).all()
+
+
+@sm90
+def test_a_hopper_configuration_beyond_shared_memory_is_refused_with_the_reason():
+    q, cache, blocks, offsets, valid = gathered_case(1, 3, 64, 512, 40, 16, 64, torch.bfloat16)
+    out, lse = torch.empty_like(q).cuda(), torch.empty(3, 64, device="cuda")
+    with pytest.raises(ValueError, match=r"bytes of shared memory .* use fewer stages"):
+        gathered_attention(q.cuda(), cache.cuda(), blocks.cuda(), offsets.cuda(), valid.cuda(),
+                           0.1, out, lse, Sm90GatherConfig(64, 3))  # fmt: skip

@@ -18,7 +18,8 @@ from unified_attn.backends.triton.kernels.merge_partials import merge_partials_k
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, num_multiprocessors
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-SM90_WIDTHS = (128, 256, 512)  # the widths its GPU tests cover (a D / 2 feature half per wgmma)
+SM90_WIDTHS = (128, 256, 512)  # the widths its GPU tests cover
+SM90_SHARED_BYTES = 232448  # shared memory one sm90 program may use (227 KiB)
 
 
 def _power_of_two(low: int) -> Any:
@@ -80,7 +81,11 @@ class Sm90GatherConfig:
     num_stages: int = attrs.field(default=2, validator=_at_least(2))  # one loads, one is used
     splits: int = attrs.field(default=1, validator=_at_least(0))
     halves: int = attrs.field(default=0, validator=_at_least(0, most=2))
-    q_regs: bool = False  # the query in registers, freeing its shared memory for a row buffer
+
+    def shared_bytes(self, width: int, itemsize: int = 2) -> int:
+        """Shared memory of one program: the query, the ring of row tiles and the
+        probabilities."""
+        return itemsize * (64 * width + self.num_stages * self.tile * width + 64 * self.tile)
 
 
 @functools.cache
@@ -177,6 +182,12 @@ def gathered_attention(
             f"{q.device}; pass a GatherConfig or none"
         )
     cfg = config or (Sm90GatherConfig() if hopper else gather_config(width, num_heads))
+    if isinstance(cfg, Sm90GatherConfig) and cfg.shared_bytes(width) + 1024 > SM90_SHARED_BYTES:
+        raise ValueError(
+            f"gathered attention: {cfg} needs {cfg.shared_bytes(width)} bytes of shared memory "
+            f"(plus about 1 KiB of scratch) at head size {width}, more than the "
+            f"{SM90_SHARED_BYTES} an sm90 program has; use fewer stages or a smaller tile"
+        )
     heads = 64 if isinstance(cfg, Sm90GatherConfig) else cfg.heads
     groups, num_rows = triton.cdiv(num_heads, heads), blocks.shape[1]
     splits = cfg.splits or auto_splits(num_tokens * groups, num_rows, cfg.tile, q.device)
@@ -197,7 +208,7 @@ def gathered_attention(
     if isinstance(cfg, Sm90GatherConfig):
         gathered_attention_sm90_kernel[grid](
             *args, D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=splits > 1,
-            HALVES=halves, Q_REGS=cfg.q_regs, num_warps=8,
+            HALVES=halves, num_warps=8,
         )  # fmt: skip
     else:
         gathered_attention_kernel[grid](

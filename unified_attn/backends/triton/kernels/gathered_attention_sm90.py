@@ -14,19 +14,26 @@ by hand:
 
 - a program owns one token, 64 heads (the wgmma M side; fewer heads are padded with masked
   rows) and one split of the list, with 8 warps: two warpgroups;
-- the query sits in shared memory once (or, with Q_REGS, in registers as the score wgmma's
-  operand); row tiles are gathered by `cp.async` (16 bytes per copy) into a ring of STAGES
-  buffers, each tile as two feature halves; the list entries of the tile after next and the
+- the query sits in shared memory once; row tiles are gathered whole by `cp.async` (16 bytes per
+  copy) into a ring of STAGES buffers; the list entries of the tile after next and the
   visibility of the next tile are loaded one iteration ahead, so no copy waits for its
-  addresses;
-- scores S = Q R^T come from two chained wgmmas per tile (one per feature half; each
-  warpgroup computes half of the tile's rows), the probabilities go through shared memory, and
-  O += P R is one wgmma per feature half in which each warpgroup owns half of the features (a
-  [64, D/4] float32 accumulator per warpgroup and half);
+  addresses, and the prologue issues every load it will wait for before its first copy;
+- scores S = Q R^T are one wgmma per tile (each warpgroup computes half of the tile's rows),
+  the probabilities go through shared memory, and O += P R is one wgmma in which each
+  warpgroup owns half of the output features;
+- the softmax's row sums are kept per score element and summed once at the end: only the row
+  max crosses the warpgroups each tile;
 - with HALVES = 2 two programs share a token and head group: both compute the scores, each
   accumulates and stores one feature half, which fills the SMs a decode batch leaves idle
-  without a merge;
+  without a merge. Each program keeps the features rotated by its half in shared memory, so
+  its half is always the first columns of a row tile;
 - the output leaves through the load layout in 16-byte stores.
+
+Six barriers per tile remain: four the compiler places (before the ring copy, after the copy
+wait, two in the max), and two ordering the copies and the probabilities for the wgmma. Splitting
+the features between the warpgroups instead (each scores its half and the partial scores are
+exchanged through shared memory, no probabilities in shared memory) was measured slower
+(benchmarks/README.md).
 """
 
 from triton.experimental import gluon
@@ -68,24 +75,18 @@ def _gather(cache_ptr, entries, stride_cb, stride_cs, dims, buf):
 
 
 @gluon.jit
-def _scores(q0, q1, rows_smem, stage, s_zero):
-    """Issue S = Q R^T for the tile in ring slot `stage` (two chained wgmmas, one per feature
-    half; two commit groups); wait on the result before use."""
-    qk = warpgroup_mma(q0, rows_smem.index(2 * stage).permute((1, 0)), s_zero, use_acc=False,
-                       is_async=True)  # fmt: skip
-    return warpgroup_mma(q1, rows_smem.index(2 * stage + 1).permute((1, 0)), qk, is_async=True)
-
-
-@gluon.jit
-def _softmax(qk, visible, qk_scale, m_i, l_i):
-    """Online-softmax step over one tile's scores (log2 units; hidden columns -inf): the
-    probabilities, the factor that rescales what was accumulated, the new max and sum."""
-    qk = gl.where(gl.expand_dims(visible != 0, 0), qk * qk_scale, float("-inf"))
+def _softmax(qk, visible, qk_scale, m_i, l_acc):
+    """Online-softmax step over one tile's raw scores (hidden columns -inf): the probabilities
+    `exp2((s - m) * qk_scale)` (one fused multiply-add per score), the factor that rescales
+    what was accumulated, the new running max (raw score units) and the rescaled per-element
+    sums. The row sums stay per element until the end: summing a row crosses the two
+    warpgroups (shared memory and barriers), which the max alone now does once per tile."""
+    qk = gl.where(gl.expand_dims(visible != 0, 0), qk, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(qk, axis=1))
-    m_safe = gl.where(m_new > float("-inf"), m_new, 0.0)
-    p = gl.exp2(qk - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+    m_safe = gl.where(m_new > float("-inf"), m_new, 0.0) * qk_scale
+    p = gl.exp2(qk * qk_scale - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i * qk_scale - m_safe)
+    return p, alpha, m_new, l_acc * gl.expand_dims(alpha, 1) + p
 
 
 @gluon.jit
@@ -115,28 +116,30 @@ def gathered_attention_sm90_kernel(
     STAGES: gl.constexpr,
     SPLIT: gl.constexpr,
     HALVES: gl.constexpr,  # 2: two programs per token and head group, each with D / 2 outputs
-    Q_REGS: gl.constexpr,  # the query as the score wgmma's register operand, not in shared memory
 ):
     BH: gl.constexpr = 64  # heads per program: the wgmma M side
-    C: gl.constexpr = D // 2  # features per chunk: rows and query are held as two chunks
+    OUT: gl.constexpr = D // HALVES  # output features of this program
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     # Register layouts: loads (16-byte vectors, a warp covers 2 rows x 128 features), the score
-    # tile (warpgroups split its rows: columns of S), each [BH, C] accumulator (warpgroups split
-    # the features) and the query as a register operand.
+    # tile (warpgroups split its rows: columns of S) and the accumulator (warpgroups split the
+    # features).
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NUM_WARPS, 1], [1, 0])
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, TILE // 2, 16]
     )
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, C // 2, 16]
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, OUT // 2, 16]
     )
-    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, load_layout)
     dim_layout: gl.constexpr = gl.SliceLayout(0, load_layout)
-    # Shared memory: the ring of row tiles (two chunks per stage), the probabilities and, unless
-    # in registers, the query.
+    # Shared memory: the query, the ring of whole row tiles and the probabilities. One
+    # allocation per operand and one copy per tile: the compiler orders every copy into an
+    # allocation behind a barrier.
+    q_smem = gl.allocate_shared_memory(
+        dtype, [BH, D], gl.NVMMASharedLayout.get_default_for([BH, D], dtype)
+    )
     rows_smem = gl.allocate_shared_memory(
-        dtype, [STAGES * 2, TILE, C], gl.NVMMASharedLayout.get_default_for([TILE, C], dtype)
+        dtype, [STAGES, TILE, D], gl.NVMMASharedLayout.get_default_for([TILE, D], dtype)
     )
     p_smem = gl.allocate_shared_memory(
         dtype, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], dtype)
@@ -154,51 +157,38 @@ def gathered_attention_sm90_kernel(
     valid_ptr += t * stride_it
     q_ptr += t * stride_qt
 
-    cdims = gl.arange(0, C, layout=dim_layout)
+    # Shared-memory column c holds feature (c + half * OUT) % D of the query and of every row:
+    # the scores do not change, and this program's output features are the first OUT columns.
+    dims = (gl.arange(0, D, layout=dim_layout) + half * OUT) % D
     heads = head0 + gl.arange(0, BH, layout=row_layout)
-    if Q_REGS:
-        q_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, q_layout))
-        q_dims = gl.arange(0, C, layout=gl.SliceLayout(0, q_layout))
-        q_ptrs = q_ptr + gl.expand_dims(q_heads * stride_qh, 1) + gl.expand_dims(q_dims, 0)
-        q_mask = gl.expand_dims(q_heads < num_heads, 1) & gl.expand_dims(q_dims >= 0, 0)
-        q0 = gl.load(q_ptrs, mask=q_mask, other=0.0)
-        q1 = gl.load(q_ptrs + C, mask=q_mask, other=0.0)
-    else:
-        q_smem = gl.allocate_shared_memory(
-            dtype, [2, BH, C], gl.NVMMASharedLayout.get_default_for([BH, C], dtype)
-        )
-        q_ptrs = q_ptr + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(cdims, 0)
-        q_mask = gl.expand_dims(heads < num_heads, 1) & gl.expand_dims(cdims >= 0, 0)
-        async_copy.async_copy_global_to_shared(q_smem.index(0), q_ptrs, mask=q_mask)
-        async_copy.async_copy_global_to_shared(q_smem.index(1), q_ptrs + C, mask=q_mask)
-        q0 = q_smem.index(0)
-        q1 = q_smem.index(1)
     idx = gl.arange(0, TILE, layout=row_layout)
-    # Prologue: tiles 0 .. STAGES - 2 in flight (the query with the first), the entries of tile
-    # STAGES - 1 loaded.
-    for stage in gl.static_range(STAGES - 1):
-        first = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx, end)
-        _gather(cache_ptr, first, stride_cb, stride_cs, cdims, rows_smem.index(2 * stage))
-        _gather(cache_ptr, first, stride_cb, stride_cs, C + cdims, rows_smem.index(2 * stage + 1))
-        async_copy.commit_group()
+    # Prologue. Every load that a later step waits for is issued first (tile 0's and tile
+    # STAGES - 1's entries, tile 0's visibility), then the query and tiles 0 .. STAGES - 2.
+    first = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + idx, end)
     nxt = begin + (STAGES - 1) * TILE + idx
     entries = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end)
-
     cols = begin + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
     visible = gl.load(valid_ptr + cols, mask=cols < end, other=0)  # tile 0's columns (uint8)
+    q_ptrs = q_ptr + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(dims, 0)
+    q_mask = gl.expand_dims(heads < num_heads, 1) & gl.expand_dims(dims >= 0, 0)
+    async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
+    _gather(cache_ptr, first, stride_cb, stride_cs, dims, rows_smem.index(0))
+    async_copy.commit_group()
+    for stage in gl.static_range(1, STAGES - 1):
+        more = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx, end)
+        _gather(cache_ptr, more, stride_cb, stride_cs, dims, rows_smem.index(stage))
+        async_copy.commit_group()
+
     qk_scale = scale * LOG2E
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc0 = gl.zeros([BH, C], gl.float32, layout=o_layout)
-    acc1 = gl.zeros([BH, C], gl.float32, layout=o_layout)
+    l_acc = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
+    acc = gl.zeros([BH, OUT], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
     for i in range(num_tiles):
         # Issue tile i + STAGES - 1 (its entries were loaded last iteration), then load the
         # entries of the tile after it, to be used next iteration.
-        ahead = (i + STAGES - 1) % STAGES
-        _gather(cache_ptr, entries, stride_cb, stride_cs, cdims, rows_smem.index(2 * ahead))
-        _gather(cache_ptr, entries, stride_cb, stride_cs, C + cdims,
-                rows_smem.index(2 * ahead + 1))  # fmt: skip
+        _gather(cache_ptr, entries, stride_cb, stride_cs, dims,
+                rows_smem.index((i + STAGES - 1) % STAGES))  # fmt: skip
         async_copy.commit_group()
         nxt = begin + (i + STAGES) * TILE + idx
         entries = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end)
@@ -207,42 +197,34 @@ def gathered_attention_sm90_kernel(
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         fence_async_shared()  # visible to the wgmma's async proxy
         gl.thread_barrier()  # ... and every other thread's
-        cur = i % STAGES
-        qk = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(q0, q1, rows_smem, cur, s_zero),))
-        p, alpha, m_i, l_i = _softmax(qk, visible, qk_scale, m_i, l_i)
+        rows = rows_smem.index(i % STAGES)
+        qk = warpgroup_mma(q_smem, rows.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+        p, alpha, m_i, l_acc = _softmax(qk, visible, qk_scale, m_i, l_acc)
         p_smem.store(p.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         alpha_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        if HALVES == 1:
-            acc0 = warpgroup_mma(p_smem, rows_smem.index(2 * cur), acc0 * alpha_o,
-                                 is_async=True)  # fmt: skip
-            acc1 = warpgroup_mma(p_smem, rows_smem.index(2 * cur + 1), acc1 * alpha_o,
-                                 is_async=True)  # fmt: skip
-            acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
-        else:
-            acc0 = warpgroup_mma(p_smem, rows_smem.index(2 * cur + half), acc0 * alpha_o,
-                                 is_async=True)  # fmt: skip
-            acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
+        values = rows if HALVES == 1 else rows.slice(0, OUT, dim=1)
+        acc = warpgroup_mma(p_smem, values, acc * alpha_o, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         visible = visible_next
-        gl.thread_barrier()  # every warpgroup is done with p and this slot before reuse
+        # No barrier here: the compiler places one before the next iteration's copy into the
+        # ring (it orders every write into an allocation after the reads before it), which
+        # also keeps the next p from overwriting this one early.
     async_copy.wait_group(0)
 
+    l_i = gl.sum(l_acc, axis=1)
     seen = l_i > 0.0
     norm = gl.where(seen, l_i, 1.0)
-    lse2 = gl.where(seen, m_i + gl.log2(norm), float("-inf"))
+    lse2 = gl.where(seen, m_i * qk_scale + gl.log2(norm), float("-inf"))
     norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
-    s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
-    s_mask = s_heads < num_heads
-    if HALVES == 1:
-        _store_chunk(out_ptr, part_out_ptr, acc0 / norm_o, t, split, heads, cdims, num_heads,
-                     stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
-        _store_chunk(out_ptr, part_out_ptr, acc1 / norm_o, t, split, heads, C + cdims, num_heads,
-                     stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
-    else:
-        _store_chunk(out_ptr, part_out_ptr, acc0 / norm_o, t, split, heads, half * C + cdims,
-                     num_heads, stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
+    out_dims = half * OUT + gl.arange(0, OUT, layout=dim_layout)
+    _store_chunk(out_ptr, part_out_ptr, acc / norm_o, t, split, heads, out_dims, num_heads,
+                 stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
     if half == 0:  # one program of a token's halves stores the log-sum-exp
+        s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
+        s_mask = s_heads < num_heads
         if SPLIT:
             part = (t * num_heads + s_heads) * gl.num_programs(1) + split
             gl.store(part_lse_ptr + part, lse2, mask=s_mask)
