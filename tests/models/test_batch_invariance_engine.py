@@ -3,10 +3,10 @@ attention backend), one request's prompt logits and 8 generated-token logits are
 same alone, inside a batch of 8 mixed requests, under two chunked-prefill budgets, and when its
 prefix comes from the prefix cache.
 
-A known gap of the reference backend, pinned as a strict xfail so it flips when fixed: prompt
-chunks of 1-3 tokens take MKL's GEMV/small-GEMM paths in its einsums (budgets here give chunks
-of 4+). (Its learned sinks join the softmax as the first column, whose place does not move with
-a chunk's number of keys: gpt-oss-like is invariant under chunking and prefix hits.)
+Prompt chunks of 1-3 tokens would take MKL's GEMV/small-GEMM paths in the reference backend's
+einsums; in batch-invariant mode it pads them to 4 query rows (a test below ends the prompt
+with such chunks). Its learned sinks join the softmax as the first column, whose place does not
+move with a chunk's number of keys: gpt-oss-like is invariant under chunking and prefix hits.
 """
 
 from __future__ import annotations
@@ -98,13 +98,11 @@ def test_prompt_chunking_and_prefix_hits_keep_the_logits(preset):
     assert_same(target_logits(mixed, others=3, seed=1), want)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reference backend: a 1-token prompt chunk attends through MKL's GEMV path "
-    "(fix: fixed shapes per query row in batch-invariant mode)",
-)
-def test_a_one_token_prompt_chunk_keeps_the_logits():
-    engine = make_engine("tiny-llama", 149)  # 149, then 1 token
+@pytest.mark.parametrize("last", [1, 2, 3])
+def test_a_short_last_prompt_chunk_keeps_the_logits(last):
+    """The prompt's last chunk has 1-3 tokens: attended with copies of its last query as padding
+    (below 4 rows MKL's einsums round differently)."""
+    engine = make_engine("tiny-llama", 150 - last)
     assert_same(target_logits(engine), alone("tiny-llama"))
 
 

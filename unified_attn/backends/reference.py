@@ -236,6 +236,7 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                 alibi,
                 self.num_sink_tokens,
             )[:, 0]
+        min_rows = INVARIANT_MIN_ROWS if self.batch_invariant else 1
         for i in plan.prefill_rows:
             start, end = plan.query_ranges[i]
             blocks, offsets = index.prefill_keys[i]
@@ -248,6 +249,7 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                 sinks,
                 alibi,
                 self.num_sink_tokens,
+                min_rows,
             )
         return output
 
@@ -337,6 +339,12 @@ def attention_mask(
     return allowed
 
 
+# Batch-invariant mode attends at least this many query rows at once: with fewer, the CPU
+# einsums take MKL's matrix-vector and small-matrix paths, which round a row differently from
+# the same row in a longer prompt chunk.
+INVARIANT_MIN_ROWS = 4
+
+
 def attend(
     layer: LayerConfig,
     q: torch.Tensor,
@@ -346,14 +354,21 @@ def attend(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sink_tokens: int = 0,
+    min_rows: int = 1,
 ) -> torch.Tensor:
     """Attention of queries `[L, Hq, D]` at positions `first_query_pos + i` over keys/values
-    `[S, Hkv, D]` at positions `0..S-1`. Returns `[L, Hq, D]` in q's dtype."""
-    query_pos = torch.arange(q.shape[0], device=q.device) + first_query_pos
+    `[S, Hkv, D]` at positions `0..S-1`. Returns `[L, Hq, D]` in q's dtype. Fewer than
+    `min_rows` queries are padded with copies of the last one (same position, so the same
+    keys are visible) and the copies dropped."""
+    rows = q.shape[0]
+    query_pos = torch.arange(rows, device=q.device) + first_query_pos
+    if 0 < rows < min_rows:
+        q = torch.cat([q, q[-1:].expand(min_rows - rows, *q.shape[1:])])
+        query_pos = torch.cat([query_pos, query_pos[-1:].expand(min_rows - rows)])
     valid = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
     return attend_batch(
         layer, q[None], k[None], v[None], query_pos[None], valid, sinks, alibi_slopes, sink_tokens
-    )[0]
+    )[0, :rows]
 
 
 def attend_batch(
