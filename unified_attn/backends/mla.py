@@ -300,7 +300,8 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             q_abs, cache, index.block_table, plan.absorbed_qsl, plan.absorbed_seq_lens,
             layer.scale, latent_out, kv_scale=kv_scale,
         )  # fmt: skip
-        values = torch.einsum("thl,hlv->thv", latent_out.float(), w_uv.float()).to(out.dtype)
+        # In the latents' dtype, as `absorb_query`: no float32 copy of W_UV per call.
+        values = torch.einsum("thl,hlv->thv", latent_out, w_uv.to(latent_out.dtype))
         if tokens is None:
             out.copy_(values)
         else:

@@ -14,10 +14,14 @@ from unified_attn.backends.reference import attention_mask
 
 
 def absorb_query(q: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
-    """q `[T, H, N + R]`, W_UK `[H, N, L]` -> q_abs `[T, H, L + R]` = `[q_nope @ W_UK, q_pe]`."""
+    """q `[T, H, N + R]`, W_UK `[H, N, L]` -> q_abs `[T, H, L + R]` = `[q_nope @ W_UK, q_pe]`.
+
+    The product runs in q's dtype (a 16-bit GEMM accumulates in float32 and its output is
+    rounded to q's dtype anyway): converting W_UK to float32 would copy the whole weight on
+    every call, 33 MB per layer at DeepSeek-V3's shape."""
     nope = w_uk.shape[1]
-    q_latent = torch.einsum("thn,hnl->thl", q[..., :nope].float(), w_uk.float())
-    return torch.cat([q_latent.to(q.dtype), q[..., nope:]], dim=-1)
+    q_latent = torch.einsum("thn,hnl->thl", q[..., :nope], w_uk.to(q.dtype))
+    return torch.cat([q_latent, q[..., nope:]], dim=-1)
 
 
 def reference_write_latent(
