@@ -23,7 +23,7 @@ import torch
 from attn_bench.timing import time_calls
 from common import add_out_argument, command_line, output_dir, utc_timestamp, write_json
 
-from unified_attn.backends.mla_math import absorb_query
+from unified_attn.backends.mla_math import absorb_query, project_latent_out
 from unified_attn.harness.bench import machine_info
 
 NOPE, LATENT, ROPE, V_HEAD = 128, 512, 64, 128  # DeepSeek-V3
@@ -41,8 +41,11 @@ def as_before(q: torch.Tensor, w_uk: torch.Tensor, latent: torch.Tensor, w_uv: t
 
 
 def as_now(q: torch.Tensor, w_uk: torch.Tensor, latent: torch.Tensor, w_uv: torch.Tensor):
-    """The backends' formulation: both products in the model dtype."""
-    return absorb_query(q, w_uk), torch.einsum("thl,hlv->thv", latent, w_uv.to(latent.dtype))
+    """The backends' formulation: both products as batched GEMMs in the model dtype, written
+    into their outputs."""
+    out = latent.new_empty(*latent.shape[:2], w_uv.shape[2])
+    project_latent_out(latent, w_uv, out)
+    return absorb_query(q, w_uk), out
 
 
 def measure(heads: int, tokens: int, dtype: torch.dtype) -> dict[str, Any]:

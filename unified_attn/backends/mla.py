@@ -74,6 +74,7 @@ from unified_attn.backends.kv_quant import (
 )
 from unified_attn.backends.mla_math import (
     absorb_query,
+    project_latent_out,
     reference_absorbed_attention,
     reference_write_latent,
     up_projected_attention,
@@ -300,8 +301,11 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             q_abs, cache, index.block_table, plan.absorbed_qsl, plan.absorbed_seq_lens,
             layer.scale, latent_out, kv_scale=kv_scale,
         )  # fmt: skip
-        # In the latents' dtype, as `absorb_query`: no float32 copy of W_UV per call.
-        values = torch.einsum("thl,hlv->thv", latent_out, w_uv.to(latent_out.dtype))
+        if tokens is None and out.dtype == latent_out.dtype:
+            project_latent_out(latent_out, w_uv, out)  # straight into the layer's output
+            return
+        values = latent_out.new_empty(latent_out.shape[0], *out.shape[1:])  # [Ta, H, V]
+        project_latent_out(latent_out, w_uv, values)
         if tokens is None:
             out.copy_(values)
         else:

@@ -16,12 +16,24 @@ from unified_attn.backends.reference import attention_mask
 def absorb_query(q: torch.Tensor, w_uk: torch.Tensor) -> torch.Tensor:
     """q `[T, H, N + R]`, W_UK `[H, N, L]` -> q_abs `[T, H, L + R]` = `[q_nope @ W_UK, q_pe]`.
 
-    The product runs in q's dtype (a 16-bit GEMM accumulates in float32 and its output is
-    rounded to q's dtype anyway): converting W_UK to float32 would copy the whole weight on
-    every call, 33 MB per layer at DeepSeek-V3's shape."""
-    nope = w_uk.shape[1]
-    q_latent = torch.einsum("thn,hnl->thl", q[..., :nope], w_uk.to(q.dtype))
-    return torch.cat([q_latent, q[..., nope:]], dim=-1)
+    One batched GEMM over the heads writes q_nope @ W_UK straight into q_abs, in q's dtype (a
+    16-bit GEMM accumulates in float32 and its output is rounded to q's dtype anyway):
+    converting W_UK to float32 would copy the whole weight on every call, 33 MB per layer at
+    DeepSeek-V3's shape."""
+    tokens, heads, width = q.shape
+    nope, latent = w_uk.shape[1], w_uk.shape[2]
+    q_abs = q.new_empty(tokens, heads, latent + width - nope)
+    torch.bmm(q[..., :nope].transpose(0, 1), w_uk.to(q.dtype),
+              out=q_abs[..., :latent].transpose(0, 1))  # fmt: skip
+    q_abs[..., latent:] = q[..., nope:]
+    return q_abs
+
+
+def project_latent_out(latent_out: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor) -> None:
+    """`out [T, H, V]` = the attention's latent output `[T, H, L]` @ W_UV `[H, L, V]` per head:
+    one batched GEMM in the latents' dtype (no float32 copy of W_UV per call); `out` may be a
+    strided view (the layer's output), written in place."""
+    torch.bmm(latent_out.transpose(0, 1), w_uv.to(latent_out.dtype), out=out.transpose(0, 1))
 
 
 def reference_write_latent(
