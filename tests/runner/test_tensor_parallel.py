@@ -145,6 +145,19 @@ def test_ngram_speculative_decoding_gives_the_tokens_of_one_device(preset):
     assert engine.stats.spec_drafted > engine.stats.spec_accepted or preset == "tiny-llama"
 
 
+@pytest.mark.parametrize("preset", ["tiny-llama", "mistral-like"])
+def test_draft_model_speculative_decoding_gives_the_tokens_of_one_device(preset):
+    """The draft model runs whole on rank 0 (it proposes there, as the n-gram method does) and
+    takes its share of rank 0's KV budget, so rank 0 has fewer blocks and every rank uses its
+    count."""
+    options = dict(speculative_method="draft", draft_model="tiny-llama",
+                   num_speculative_tokens=3, max_num_batched_tokens=48)  # fmt: skip
+    engine = check_equal_to_one_device(preset, 2, params=SPEC_PARAMS, **options)
+    assert engine.stats.spec_drafted > 0
+    assert engine.stats.spec_accepted > 0 or preset == "mistral-like"
+    assert engine.rank_num_blocks[0] < engine.rank_num_blocks[1]
+
+
 def test_every_rank_sizes_its_cache_and_all_use_the_minimum():
     engine = LLMEngine(
         "tiny-llama", tensor_parallel_size=2, kv_cache_memory=["4MiB", "2MiB"], max_model_len=512
@@ -231,16 +244,6 @@ def test_a_killed_rank_is_reported_within_30_seconds():
             "tiny-llama",
             dict(tensor_parallel_size=2, kv_cache_memory=["1MiB"]),
             "kv_cache_memory has 1 entries for tensor_parallel_size=2",
-        ),
-        (
-            "tiny-llama",
-            dict(
-                tensor_parallel_size=2,
-                speculative_method="draft",
-                draft_model="tiny-llama",
-                num_speculative_tokens=2,
-            ),
-            "speculative_method='draft' is not supported yet",
         ),
     ],
 )

@@ -62,12 +62,6 @@ def check_options(config: Any) -> None:
             "tensor parallelism serves decoder-only models (not encoder models yet); run it on "
             "one device"
         )
-    if config.speculative_method not in (None, "ngram"):
-        raise ValueError(
-            f"tensor_parallel_size={n} with speculative_method={config.speculative_method!r} "
-            "is not supported yet (the draft model is not sharded); use speculative_method="
-            "'ngram' or tensor_parallel_size=1"
-        )
     device = torch.device(config.device)
     if device.type == "cuda" and torch.cuda.device_count() < n:
         raise ValueError(
