@@ -9,7 +9,7 @@ to float32 on every call, then the products in float32), measured in the same ru
 Each variant runs in a CUDA graph over 4 sets of distinct inputs (the weights are shared, as
 one layer's are). Reports µs per call (both products), the ratio, and the largest difference of
 the absorbed queries and of the outputs between the two, relative to their largest magnitude.
-JSON in `results/mla_projections.json` (`--out` elsewhere).
+JSON and a bar chart (PNG) in `results/mla_projections.json` / `.png` (`--out` elsewhere).
 """
 
 from __future__ import annotations
@@ -21,7 +21,16 @@ from typing import Any
 
 import torch
 from attn_bench.timing import time_calls
-from common import add_out_argument, command_line, output_dir, utc_timestamp, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    output_dir,
+    pyplot,
+    save_figure,
+    utc_timestamp,
+    write_json,
+)
+from rich.console import Console
 
 from unified_attn.backends.mla_math import absorb_query, project_latent_out
 from unified_attn.harness.bench import machine_info
@@ -93,7 +102,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
               "timestamp": utc_timestamp(), "machine": machine_info(), "dtype": "bfloat16",
               "rows": rows}  # fmt: skip
     write_json(output_dir(args) / "mla_projections.json", result)
+    plot(result, output_dir(args) / "mla_projections.png")
     return result
+
+
+def plot(result: dict[str, Any], path: Any) -> None:
+    """Bars of µs per call, both formulations, one group per (heads, tokens) shape."""
+    plt = pyplot(Console())
+    if plt is None:
+        return
+    rows = result["rows"]
+    labels = [f"H {r['heads']}\nT {r['tokens']}" for r in rows]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([i - 0.2 for i in x], [r["float32_weights_us"] for r in rows], 0.4,
+           label="float32 weights per call (before)")  # fmt: skip
+    ax.bar([i + 0.2 for i in x], [r["model_dtype_us"] for r in rows], 0.4,
+           label="batched GEMMs, model dtype (now)")  # fmt: skip
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("µs per call (both products)")
+    ax.set_title(f"MLA decode projections, {result['dtype']}, {result['machine'].get('gpu', '')}")
+    ax.legend()
+    save_figure(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

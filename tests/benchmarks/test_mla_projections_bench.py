@@ -39,3 +39,15 @@ def test_the_two_formulations_compute_the_same_products(bench):
     for a, b in zip(before, now, strict=True):
         torch.testing.assert_close(a, b)
     assert now[0].shape == (tokens, heads, bench.LATENT + bench.ROPE)
+
+
+def test_the_chart_is_written_when_matplotlib_is_installed(bench, tmp_path):
+    rows = [{"heads": 128, "tokens": 64, "float32_weights_us": 178.2, "model_dtype_us": 30.8}]
+    result = {"rows": rows, "dtype": "bfloat16", "machine": {"gpu": "test"}}
+    bench.plot(result, tmp_path / "chart.png")  # without matplotlib: a note, no file
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not (tmp_path / "chart.png").exists()
+    else:
+        assert (tmp_path / "chart.png").stat().st_size > 0
