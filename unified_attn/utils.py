@@ -48,3 +48,20 @@ optional_positive_int = _validator("a positive int", lambda v: _is_int(v) and v 
 optional_positive = _validator(
     "a positive number", lambda v: _is_number(v) and v > 0, optional=True
 )
+
+
+def power_of_two(least: int = 1, what: str = "") -> Validator:
+    """An int power of two >= `least`; `what` says what the field counts."""
+    note = f" ({what})" if what else ""
+    return _validator(
+        f"a power of two >= {least}{note}",
+        lambda v: _is_int(v) and v >= least and not v & (v - 1),
+    )
+
+
+def int_in(low: int, most: int | None = None) -> Validator:
+    """An int >= `low` (and <= `most` when given)."""
+    span = f">= {low}" if most is None else f"in [{low}, {most}]"
+    return _validator(
+        f"an int {span}", lambda v: _is_int(v) and v >= low and (most is None or v <= most)
+    )

@@ -102,14 +102,26 @@ def test_gathered_attention_names_what_is_wrong():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: GatherConfig(24, 64, 8, 3), "GatherConfig.heads: expected a power of two >= 16"),
-        (lambda: GatherConfig(32, 64, 8, 0), "GatherConfig.num_stages: expected an int >= 1"),
-        (lambda: GatherConfig(32, 64, 8, 3, splits=-1), "GatherConfig.splits: expected an int"),
-        (lambda: Sm90GatherConfig(tile=48), "Sm90GatherConfig.tile: expected a power of two"),
-        (lambda: Sm90GatherConfig(num_stages=1), "Sm90GatherConfig.num_stages: expected an int"),
+        (
+            lambda: GatherConfig(24, 64, 8, 3),
+            "GatherConfig.heads must be a power of two >= 16, got 24",
+        ),
+        (lambda: GatherConfig(32, 64, 8, 0), "GatherConfig.num_stages must be an int >= 1, got 0"),
+        (
+            lambda: GatherConfig(32, 64, 8, 3, splits=-1),
+            "GatherConfig.splits must be an int >= 0, got -1",
+        ),
+        (
+            lambda: Sm90GatherConfig(tile=48),
+            "Sm90GatherConfig.tile must be a power of two >= 16, got 48",
+        ),
+        (
+            lambda: Sm90GatherConfig(num_stages=1),
+            "Sm90GatherConfig.num_stages must be an int >= 2, got 1",
+        ),
         (
             lambda: Sm90GatherConfig(halves=3),
-            r"Sm90GatherConfig.halves: expected an int in \[0, 2\]",
+            r"Sm90GatherConfig.halves must be an int in \[0, 2\], got 3",
         ),
     ],
 )

@@ -301,15 +301,12 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             q_abs, cache, index.block_table, plan.absorbed_qsl, plan.absorbed_seq_lens,
             layer.scale, latent_out, kv_scale=kv_scale,
         )  # fmt: skip
-        if tokens is None and out.dtype == latent_out.dtype:
-            project_latent_out(latent_out, w_uv, out)  # straight into the layer's output
+        if tokens is None:  # every row absorbed: straight into the layer's output
+            project_latent_out(latent_out, w_uv, out)
             return
-        values = latent_out.new_empty(latent_out.shape[0], *out.shape[1:])  # [Ta, H, V]
+        values = latent_out.new_empty(tokens.shape[0], *out.shape[1:])  # [Ta, H, V]
         project_latent_out(latent_out, w_uv, values)
-        if tokens is None:
-            out.copy_(values)
-        else:
-            out[tokens] = values
+        out[tokens] = values
 
     # ---- the seams a kernel backend replaces -------------------------------------------------
 

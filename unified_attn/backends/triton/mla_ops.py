@@ -10,8 +10,6 @@ on the host and launch; neither reads a device value on the host nor allocates.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import torch
 import triton
@@ -26,7 +24,7 @@ from unified_attn.backends.triton.ops import (
     SplitPlan,
     num_multiprocessors,
 )
-from unified_attn.utils import Validator, cdiv
+from unified_attn.utils import cdiv, power_of_two
 
 MAX_SEGMENTS = 64
 MAX_UNIFORM_QUERY_LEN = 16  # longer uniform batches take the ragged path (one compile for all)
@@ -34,25 +32,14 @@ SPLIT_MAX_QUERY_LEN = 8  # decode and spec-decode verification may split; prefil
 SEGMENT_ROUND = 64  # segments are multiples of this many keys (and of the tile)
 
 
-def _power_of_two(what: str, least: int = 1) -> Validator:
-    def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not isinstance(value, int) or value < least or value & (value - 1):
-            raise ValueError(
-                f"{type(instance).__name__}.{attribute.name} must be a power of two >= {least} "
-                f"({what}), got {value!r}"
-            )
-
-    return check
-
-
 @attrs.frozen
 class MLATiles:
     """Launch shape of one MLA program: BLOCK_Q tokens x BLOCK_H heads against BLOCK_N keys."""
 
-    block_h: int = attrs.field(validator=_power_of_two("heads per program"))
-    block_q: int = attrs.field(validator=_power_of_two("query tokens per program"))
-    block_n: int = attrs.field(validator=_power_of_two("keys per tile", 16))
-    num_warps: int = attrs.field(validator=_power_of_two("warps", 1))
+    block_h: int = attrs.field(validator=power_of_two(1, "heads per program"))
+    block_q: int = attrs.field(validator=power_of_two(1, "query tokens per program"))
+    block_n: int = attrs.field(validator=power_of_two(16, "keys per tile"))
+    num_warps: int = attrs.field(validator=power_of_two(1, "warps"))
     num_stages: int = attrs.field(validator=attrs.validators.ge(1))
     # Programs one SM runs at once (what the split plan fills the GPU with).
     programs_per_sm: int = attrs.field(default=1, validator=attrs.validators.ge(1))

@@ -4,7 +4,6 @@ caches): `gathered_attention`."""
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import attrs
 import torch
@@ -16,55 +15,24 @@ from unified_attn.backends.triton.kernels.gathered_attention_sm90 import (
 )
 from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, num_multiprocessors
+from unified_attn.utils import int_in, power_of_two
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 SM90_WIDTHS = (128, 256, 512)  # the widths its GPU tests cover
 SM90_SHARED_BYTES = 232448  # shared memory one sm90 program may use (227 KiB)
 
 
-def _power_of_two(low: int) -> Any:
-    """attrs validator: an int power of two >= `low`."""
-
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int)
-            or value < low
-            or value & (value - 1)
-        ):
-            raise ValueError(
-                f"{type(instance).__name__}.{attribute.name}: expected a power of two >= {low}, "
-                f"got {value!r}"
-            )
-
-    return check
-
-
-def _at_least(low: int, *, most: int | None = None) -> Any:
-    """attrs validator: an int in [low, most]."""
-
-    def check(instance: Any, attribute: Any, value: Any) -> None:
-        bad = isinstance(value, bool) or not isinstance(value, int) or value < low
-        if bad or (most is not None and value > most):
-            span = f">= {low}" if most is None else f"in [{low}, {most}]"
-            raise ValueError(
-                f"{type(instance).__name__}.{attribute.name}: expected an int {span}, got {value!r}"
-            )
-
-    return check
-
-
 @attrs.frozen
 class GatherConfig:
     # query heads per program; the programs of one token share its rows through L2
-    heads: int = attrs.field(validator=_power_of_two(16))
-    tile: int = attrs.field(validator=_power_of_two(16))  # rows per loop iteration
-    num_warps: int = attrs.field(validator=_power_of_two(1))
-    num_stages: int = attrs.field(validator=_at_least(1))
+    heads: int = attrs.field(validator=power_of_two(16))
+    tile: int = attrs.field(validator=power_of_two(16))  # rows per loop iteration
+    num_warps: int = attrs.field(validator=power_of_two(1))
+    num_stages: int = attrs.field(validator=int_in(1))
     index_ahead: bool = True  # load the next tile's list entries while this tile is used
     max_registers: int | None = None  # per thread (Triton's `maxnreg`): more programs per SM
     # parts of each token's list on their own programs, merged after; 0: auto
-    splits: int = attrs.field(default=1, validator=_at_least(0))
+    splits: int = attrs.field(default=1, validator=int_in(0))
 
 
 @attrs.frozen
@@ -77,10 +45,10 @@ class Sm90GatherConfig:
     the idle SMs for the price of computing the scores twice, where splitting a list (and
     merging) cost more than it saved."""
 
-    tile: int = attrs.field(default=64, validator=_power_of_two(16))
-    num_stages: int = attrs.field(default=2, validator=_at_least(2))  # one loads, one is used
-    splits: int = attrs.field(default=1, validator=_at_least(0))
-    halves: int = attrs.field(default=0, validator=_at_least(0, most=2))
+    tile: int = attrs.field(default=64, validator=power_of_two(16))
+    num_stages: int = attrs.field(default=2, validator=int_in(2))  # one loads, one is used
+    splits: int = attrs.field(default=1, validator=int_in(0))
+    halves: int = attrs.field(default=0, validator=int_in(0, 2))
 
     def shared_bytes(self, width: int, itemsize: int = 2) -> int:
         """Shared memory of one program: the query, the ring of row tiles and the
