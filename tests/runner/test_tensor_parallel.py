@@ -4,6 +4,7 @@ what cannot be split is refused before any process starts."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
@@ -245,8 +246,32 @@ def test_a_killed_rank_is_reported_within_30_seconds():
             dict(tensor_parallel_size=2, kv_cache_memory=["1MiB"]),
             "kv_cache_memory has 1 entries for tensor_parallel_size=2",
         ),
+        (
+            "tiny-llama",
+            dict(tensor_parallel_size=2, speculative_method="draft", num_speculative_tokens=2),
+            "speculative_method='draft' needs draft_model",
+        ),
+        (
+            "tiny-llama",
+            dict(
+                tensor_parallel_size=2,
+                speculative_method="draft",
+                draft_model="no-such-model",
+                num_speculative_tokens=2,
+            ),
+            "'no-such-model' is neither a preset",
+        ),
     ],
 )
 def test_what_cannot_be_split_is_refused_before_any_process_starts(model, options, message):
     with pytest.raises(ValueError, match=message):
         LLMEngine(model, **options)
+
+
+def test_a_bad_option_found_while_building_is_raised_as_itself_and_the_ranks_stop():
+    """State layers cannot roll back drafts: rank 0 finds it while planning its cache, after
+    the ranks started; the engine raises that ValueError (not a rank failure) and stops them."""
+    with pytest.raises(ValueError, match="cannot roll back rejected drafts"):
+        LLMEngine("hybrid-linear", tensor_parallel_size=2, speculative_method="ngram",
+                  num_speculative_tokens=2)  # fmt: skip
+    assert not multiprocessing.active_children()

@@ -174,10 +174,14 @@ class TensorParallelGroup:
         send_message(message, self.control)
 
     def fail(self, error: BaseException) -> None:
-        """Raise a `RuntimeError` naming the rank that failed (its report, or how it died),
-        after stopping every rank."""
-        reason = self._failed_rank() or f"a collective failed: {error}"
+        """Stop every rank, then raise: a `RuntimeError` naming the rank that failed (its
+        report, or how it died), or rank 0's own `ValueError` unchanged when no other rank
+        failed (a bad option found while building, which the caller reports as such)."""
+        failed = self._failed_rank()
         self.shutdown(graceful=False)
+        if failed is None and isinstance(error, ValueError):
+            raise error
+        reason = failed or f"a collective failed: {error}"
         raise RuntimeError(f"tensor parallelism: {reason}") from error
 
     def _failed_rank(self) -> str | None:

@@ -38,6 +38,7 @@ from unified_attn.runner.model_source import (
     model_config,
     selector_configs,
 )
+from unified_attn.runner.speculative import check_speculative_options
 from unified_attn.runner.tp_process_group import rank_device, timeout_s
 from unified_attn.runner.worker import Worker
 from unified_attn.tensor_specs import as_dtype
@@ -62,6 +63,13 @@ def check_options(config: Any) -> None:
             "tensor parallelism serves decoder-only models (not encoder models yet); run it on "
             "one device"
         )
+    # Speculative settings, and that a draft model exists (rank 0 loads it whole).
+    check_speculative_options(
+        config.speculative_method, config.num_speculative_tokens, config.draft_model,
+        model_kind="decoder", state_groups=[],
+    )  # fmt: skip
+    if config.draft_model is not None:
+        model_config(config.draft_model)
     device = torch.device(config.device)
     if device.type == "cuda" and torch.cuda.device_count() < n:
         raise ValueError(
