@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--tiles",
         action="append",
         type=int_list,
-        metavar="BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM]",
+        metavar="BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]]",
         help="tile config(s) to time instead of the default (repeatable)",
     )
     ap.add_argument(
@@ -65,8 +65,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, key):
             params[key] = getattr(args, key)
     for tiles in args.tiles or []:
-        if len(tiles) not in (5, 6):
-            ap.error(f"--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM], got {tiles}")
+        if len(tiles) not in (5, 6, 7) or tiles[6:] not in ([], [0], [1]):
+            ap.error(
+                f"--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER (0 or 1)]], got "
+                f"{tiles}"
+            )
     args.params = params
     args.argv = argv
     return args

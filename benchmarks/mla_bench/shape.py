@@ -46,7 +46,7 @@ class Shape:
         plan = plan_mla(
             num_reqs=self.batch, num_tokens=self.batch, num_heads=self.heads, max_query_len=1,
             max_seq_len=self.ctx, dtype=self.dtype, device=self.q.device, tiles=tiles,
-            num_segments=num_segments,
+            num_segments=num_segments, latent_dims=(self.L, self.q.shape[2] - self.L),
         )  # fmt: skip
         scratch = MLAScratch()
         if plan.split is not None:
@@ -95,6 +95,7 @@ def plan_record(plan: Any) -> dict[str, Any]:
     t = plan.tiles
     return {
         "tiles": [t.block_h, t.block_q, t.block_n, t.num_warps, t.num_stages, t.programs_per_sm],
+        "hopper": t.hopper,
         "num_segments": plan.split.num_segments if plan.split else 1,
         "segment": plan.split.segment if plan.split else None,
     }
@@ -132,7 +133,7 @@ def bench_shape(
     from unified_attn.backends.triton.mla_ops import MLATiles
 
     p = args.params
-    configs = [MLATiles(*t) for t in args.tiles] if args.tiles else [None]
+    configs = [MLATiles(*t[:6], hopper=t[6:] == [1]) for t in args.tiles] if args.tiles else [None]
     rec: dict[str, Any] = {"heads": heads, "batch": batch, "ctx": ctx, "ours": []}
     shape = Shape(bench, p, heads, batch, ctx, gen)
     ours_out = None

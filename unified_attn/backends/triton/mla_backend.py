@@ -90,6 +90,7 @@ class TritonMLABackend(MLAReferenceBackend):
             max_seq_len=common.max_seq_len,
             dtype=self.dtype,
             device=device,
+            latent_dims=(self.kv_lora_rank, self.head_size - self.kv_lora_rank),
         )
         if for_cudagraph_capture:  # a graph keeps the scratch's address: size it for any replay
             segments = MAX_SEGMENTS

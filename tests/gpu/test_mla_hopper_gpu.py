@@ -1,0 +1,175 @@
+"""GPU-only checks of the Hopper MLA decode kernel (kernels/mla_attention_sm90.py, run through
+the device tool on an sm90 GPU): bf16 and float16 against a float32 torch oracle and against
+the portable kernel, with and without split-KV, at several page sizes and latent widths, padded
+head groups, empty and one-key requests, and CUDA-graph replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unified_attn.backends.triton.mla_ops import (
+    HOPPER_TILES,
+    MLAScratch,
+    MLATiles,
+    hopper_reasons,
+    mla_attention,
+    plan_mla,
+)
+
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = pytest.mark.skipif(not SM90, reason="needs an sm90 GPU")
+
+SCALE = 192**-0.5
+# bf16 inputs and output against a float32 oracle on the same bf16 values: the output's own
+# rounding plus bf16 probabilities in the value product (as tests/gpu/test_mla_triton_gpu.py).
+ATOL, RTOL = 1e-2, 2e-2
+
+
+def make_inputs(seq_lens, heads, gen, *, page=64, L=512, R=64, dtype=torch.bfloat16):
+    """One decode token per request over `seq_lens[i]` cached keys in randomly permuted pages;
+    unwritten rows hold NaN (a kernel that reads past a request's keys fails)."""
+    pages = [-(-s // page) for s in seq_lens]
+    num_blocks = sum(pages) + 1
+    cache = torch.full((num_blocks, page, L + R), float("nan"), dtype=dtype, device="cuda")
+    ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    table = torch.zeros(len(seq_lens), max(pages) + 1, dtype=torch.int32)
+    for i, (n, s) in enumerate(zip(pages, seq_lens, strict=True)):
+        table[i, :n] = torch.tensor(ids[:n], dtype=torch.int32)
+        ids = ids[n:]
+        pos = torch.arange(s)
+        cache[table[i, pos // page].long(), pos % page] = (
+            torch.randn(s, L + R, generator=gen).to(dtype).cuda()
+        )
+    q = torch.randn(len(seq_lens), heads, L + R, generator=gen).to(dtype).cuda()
+    qsl = torch.arange(len(seq_lens) + 1, dtype=torch.int32, device="cuda")
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    return q, cache, table.cuda(), qsl, lens
+
+
+def oracle(q, cache, table, seq_lens, L):
+    page = cache.shape[1]
+    out = torch.zeros(q.shape[0], q.shape[1], L, device="cuda")
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        pos = torch.arange(seq_len, device="cuda")
+        keys = cache[table[i, pos // page].long(), pos % page].float()
+        scores = torch.einsum("hd,kd->hk", q[i].float(), keys) * SCALE
+        out[i] = torch.softmax(scores, -1).nan_to_num(0.0) @ keys[:, :L]
+    return out
+
+
+def attend(q, cache, table, qsl, seq_lens, L, *, tiles=None, num_segments=None, max_seq_len=None):
+    plan = plan_mla(
+        num_reqs=q.shape[0], num_tokens=q.shape[0], num_heads=q.shape[1], max_query_len=1,
+        max_seq_len=max_seq_len or max(int(seq_lens.max()), 1), dtype=q.dtype, device=q.device,
+        tiles=tiles, num_segments=num_segments, latent_dims=(L, q.shape[2] - L),
+    )  # fmt: skip
+    scratch = MLAScratch()
+    if plan.split is not None:
+        scratch.ensure(q.shape[0], q.shape[1], plan.split.num_segments, L, q.device)
+    out = torch.full((q.shape[0], q.shape[1], L), float("nan"), dtype=q.dtype, device="cuda")
+    mla_attention(q, cache, table, qsl, seq_lens, SCALE, out, L, plan=plan, scratch=scratch)
+    return out, plan
+
+
+@pytest.mark.parametrize("heads", [128, 64, 96])
+@pytest.mark.parametrize("num_segments", [None, 1, 3], ids=["auto", "one", "three"])
+def test_bf16_decode_matches_the_oracle(heads, num_segments):
+    gen = torch.Generator().manual_seed(heads)
+    inputs = make_inputs([8191, 3000, 17, 4100, 64, 65, 1, 0], heads, gen)
+    got, plan = attend(*inputs, 512, num_segments=num_segments)
+    assert plan.tiles == HOPPER_TILES
+    if num_segments is None:
+        assert plan.split is not None  # 8 requests leave most SMs idle
+    want = oracle(inputs[0], inputs[1], inputs[2], inputs[4], 512)
+    torch.testing.assert_close(got.float(), want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("page", [16, 32, 128, 1])
+def test_any_page_size(page):
+    gen = torch.Generator().manual_seed(page)
+    inputs = make_inputs([1000, 129, 31], 128, gen, page=page)
+    got, _ = attend(*inputs, 512, num_segments=2)
+    want = oracle(inputs[0], inputs[1], inputs[2], inputs[4], 512)
+    torch.testing.assert_close(got.float(), want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize(("L", "R"), [(256, 32), (128, 16), (512, 128)])
+def test_other_latent_widths(L, R):
+    gen = torch.Generator().manual_seed(L + R)
+    inputs = make_inputs([700, 65, 5], 64, gen, L=L, R=R)
+    tiles = MLATiles(64, 1, 32, 8, 2, hopper=True) if R == 128 else None  # 227 KiB
+    got, plan = attend(*inputs, L, tiles=tiles, num_segments=1)
+    assert plan.tiles.hopper
+    want = oracle(inputs[0], inputs[1], inputs[2], inputs[4], L)
+    torch.testing.assert_close(got.float(), want, atol=ATOL, rtol=RTOL)
+
+
+def test_float16_and_the_32_key_tile():
+    gen = torch.Generator().manual_seed(7)
+    inputs = make_inputs([2049, 300, 0], 128, gen, dtype=torch.float16)
+    want = oracle(inputs[0], inputs[1], inputs[2], inputs[4], 512)
+    for tiles in (None, MLATiles(64, 1, 32, 8, 3, hopper=True)):
+        got, plan = attend(*inputs, 512, tiles=tiles)
+        assert plan.tiles.hopper
+        torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_matches_the_portable_kernel():
+    gen = torch.Generator().manual_seed(8)
+    inputs = make_inputs([4096, 1500, 800, 3], 128, gen)
+    hopper, _ = attend(*inputs, 512, num_segments=1)
+    portable, plan = attend(*inputs, 512, tiles=MLATiles(64, 1, 64, 8, 2), num_segments=1)
+    assert not plan.tiles.hopper
+    torch.testing.assert_close(hopper.float(), portable.float(), atol=ATOL, rtol=RTOL)
+
+
+def test_refusals():
+    gen = torch.Generator().manual_seed(9)
+    q, cache, table, qsl, lens = make_inputs([100, 100], 128, gen)
+    assert hopper_reasons(q.device, torch.float32, 512, 64)  # not 16-bit
+    assert hopper_reasons(q.device, q.dtype, 1024, 64)  # L over one wgmma per half
+    # Prefill-shaped batches keep the portable kernel.
+    plan = plan_mla(num_reqs=1, num_tokens=2, num_heads=128, max_query_len=2, max_seq_len=100,
+                    dtype=q.dtype, device=q.device, latent_dims=(512, 64))  # fmt: skip
+    assert not plan.tiles.hopper
+    big = MLATiles(64, 1, 64, 8, 3, hopper=True)  # 3 stages of 64 keys: 296 KiB
+    with pytest.raises(ValueError, match="shared memory"):
+        attend(q, cache, table, qsl, lens, 512, tiles=big, num_segments=1)
+    with pytest.raises(ValueError, match="Hopper kernel takes"):
+        MLATiles(32, 1, 64, 8, 2, hopper=True)
+
+
+def test_cuda_graph_replay_is_identical():
+    gen = torch.Generator().manual_seed(10)
+    batch = 8
+    q, cache, table, qsl, seq_lens = make_inputs([4000] * batch, 128, gen)
+    plan = plan_mla(num_reqs=batch, num_tokens=batch, num_heads=128, max_query_len=1,
+                    max_seq_len=4000, dtype=q.dtype, device=q.device,
+                    latent_dims=(512, 64))  # fmt: skip
+    assert plan.tiles.hopper and plan.split is not None
+    scratch = MLAScratch()
+    scratch.ensure(batch, 128, plan.split.num_segments, 512, q.device)
+    out = torch.empty(batch, 128, 512, dtype=q.dtype, device="cuda")
+
+    def step():
+        mla_attention(q, cache, table, qsl, seq_lens, SCALE, out, 512, plan=plan,
+                      scratch=scratch)  # fmt: skip
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile and warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in ([4000] * batch, [1, 9, 300, 4000, 2500, 64, 65, 0]):
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
+        graph.replay()
+        replayed = out.clone()
+        step()
+        assert torch.equal(replayed, out), f"replay differs from eager for {lens}"
+        want = oracle(q, cache, table, seq_lens, 512)
+        torch.testing.assert_close(out.float(), want, atol=ATOL, rtol=RTOL)
