@@ -65,10 +65,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, key):
             params[key] = getattr(args, key)
     for tiles in args.tiles or []:
-        if len(tiles) not in (5, 6, 7) or tiles[6:] not in ([], [0], [1]):
+        if len(tiles) not in (5, 6, 7) or tiles[6:] not in ([], [0], [1], [2]):
             ap.error(
-                f"--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER (0 or 1)]], got "
-                f"{tiles}"
+                "--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]] (HOPPER 0: "
+                f"portable, 1: Hopper lockstep, 2: Hopper warp-specialized), got {tiles}"
             )
     args.params = params
     args.argv = argv

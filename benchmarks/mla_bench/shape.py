@@ -96,6 +96,7 @@ def plan_record(plan: Any) -> dict[str, Any]:
     return {
         "tiles": [t.block_h, t.block_q, t.block_n, t.num_warps, t.num_stages, t.programs_per_sm],
         "hopper": t.hopper,
+        "warp_specialized": t.warp_specialized,
         "num_segments": plan.split.num_segments if plan.split else 1,
         "segment": plan.split.segment if plan.split else None,
     }
@@ -133,7 +134,14 @@ def bench_shape(
     from unified_attn.backends.triton.mla_ops import MLATiles
 
     p = args.params
-    configs = [MLATiles(*t[:6], hopper=t[6:] == [1]) for t in args.tiles] if args.tiles else [None]
+    configs = (
+        [
+            MLATiles(*t[:6], hopper=t[6:] in ([1], [2]), warp_specialized=t[6:] == [2])
+            for t in args.tiles
+        ]
+        if args.tiles
+        else [None]
+    )
     rec: dict[str, Any] = {"heads": heads, "batch": batch, "ctx": ctx, "ours": []}
     shape = Shape(bench, p, heads, batch, ctx, gen)
     ours_out = None

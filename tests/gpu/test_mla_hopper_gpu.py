@@ -1,7 +1,9 @@
-"""GPU-only checks of the Hopper MLA decode kernel (kernels/mla_attention_sm90.py, run through
-the device tool on an sm90 GPU): bf16 and float16 against a float32 torch oracle and against
+"""GPU-only checks of the Hopper MLA decode kernels (mla_sm90.py: the warp-specialized kernel
+for pages of a multiple of 64 keys, the lockstep kernel otherwise; run through the device tool
+on an sm90 GPU): bf16 and float16 against a float32 torch oracle and against each other and
 the portable kernel, with and without split-KV, at several page sizes and latent widths, padded
-head groups, empty and one-key requests, and CUDA-graph replay."""
+head groups, empty and one-key requests, pages whose unwritten rows hold NaN, blocks further
+apart than a page, and CUDA-graph replay."""
 
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def test_any_page_size(page):
 def test_other_latent_widths(L, R):
     gen = torch.Generator().manual_seed(L + R)
     inputs = make_inputs([700, 65, 5], 64, gen, L=L, R=R)
-    tiles = MLATiles(64, 1, 32, 8, 2, hopper=True) if R == 128 else None  # 227 KiB
+    tiles = MLATiles(64, 1, 32, 8, 2, hopper=True) if R == 128 else None  # lockstep: 227 KiB
     got, plan = attend(*inputs, L, tiles=tiles, num_segments=1)
     assert plan.tiles.hopper
     want = oracle(inputs[0], inputs[1], inputs[2], inputs[4], L)
@@ -109,26 +111,48 @@ def test_float16_and_the_32_key_tile():
     gen = torch.Generator().manual_seed(7)
     inputs = make_inputs([2049, 300, 0], 128, gen, dtype=torch.float16)
     want = oracle(inputs[0], inputs[1], inputs[2], inputs[4], 512)
-    for tiles in (None, MLATiles(64, 1, 32, 8, 3, hopper=True)):
+    for tiles in (None, LOCKSTEP, MLATiles(64, 1, 32, 8, 3, hopper=True)):
         got, plan = attend(*inputs, 512, tiles=tiles)
         assert plan.tiles.hopper
         torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
 
 
-def test_matches_the_portable_kernel():
+LOCKSTEP = MLATiles(64, 1, 64, 8, 2, hopper=True)
+
+
+@pytest.mark.parametrize("num_segments", [1, 3])
+def test_the_three_kernels_agree(num_segments):
     gen = torch.Generator().manual_seed(8)
-    inputs = make_inputs([4096, 1500, 800, 3], 128, gen)
-    hopper, _ = attend(*inputs, 512, num_segments=1)
-    portable, plan = attend(*inputs, 512, tiles=MLATiles(64, 1, 64, 8, 2), num_segments=1)
+    inputs = make_inputs([4096, 1500, 800, 3, 130], 128, gen)
+    specialized, _ = attend(*inputs, 512, num_segments=num_segments)
+    lockstep, _ = attend(*inputs, 512, tiles=LOCKSTEP, num_segments=num_segments)
+    portable, plan = attend(*inputs, 512, tiles=MLATiles(64, 1, 64, 8, 2),
+                            num_segments=num_segments)  # fmt: skip
     assert not plan.tiles.hopper
-    torch.testing.assert_close(hopper.float(), portable.float(), atol=ATOL, rtol=RTOL)
+    for other in (lockstep, portable):
+        torch.testing.assert_close(specialized.float(), other.float(), atol=ATOL, rtol=RTOL)
+
+
+def test_blocks_further_apart_than_a_page():
+    """A cache view whose blocks are two pages apart (a pool with room between pages): the
+    warp-specialized kernel addresses rows through the block stride."""
+    gen = torch.Generator().manual_seed(11)
+    q, cache, table, qsl, lens = make_inputs([700, 64, 65], 128, gen)
+    wide = torch.full((cache.shape[0], 2 * cache.shape[1], cache.shape[2]), float("nan"),
+                      dtype=cache.dtype, device="cuda")  # fmt: skip
+    wide[:, : cache.shape[1]] = cache
+    view = wide[:, : cache.shape[1]]
+    assert view.stride(0) == 2 * view.stride(1) * cache.shape[1]
+    got, _ = attend(q, view, table, qsl, lens, 512, num_segments=2)
+    torch.testing.assert_close(got.float(), oracle(q, cache, table, lens, 512), atol=ATOL,
+                               rtol=RTOL)  # fmt: skip
 
 
 def test_refusals():
     gen = torch.Generator().manual_seed(9)
     q, cache, table, qsl, lens = make_inputs([100, 100], 128, gen)
-    assert hopper_reasons(q.device, torch.float32, 512, 64)  # not 16-bit
-    assert hopper_reasons(q.device, q.dtype, 1024, 64)  # L over one wgmma per half
+    assert hopper_reasons(q.device, torch.float32, 512, 64, HOPPER_TILES)  # not 16-bit
+    assert hopper_reasons(q.device, q.dtype, 1024, 64, HOPPER_TILES)  # L over one wgmma
     # Prefill-shaped batches keep the portable kernel.
     plan = plan_mla(num_reqs=1, num_tokens=2, num_heads=128, max_query_len=2, max_seq_len=100,
                     dtype=q.dtype, device=q.device, latent_dims=(512, 64))  # fmt: skip
@@ -138,6 +162,8 @@ def test_refusals():
         attend(q, cache, table, qsl, lens, 512, tiles=big, num_segments=1)
     with pytest.raises(ValueError, match="Hopper kernel takes"):
         MLATiles(32, 1, 64, 8, 2, hopper=True)
+    with pytest.raises(ValueError, match="warp_specialized needs hopper"):
+        MLATiles(64, 1, 64, 8, 2, warp_specialized=True)
 
 
 def test_cuda_graph_replay_is_identical():

@@ -10,8 +10,6 @@ on the host and launch; neither reads a device value on the host nor allocates.
 
 from __future__ import annotations
 
-import functools
-
 import attrs
 import torch
 import triton
@@ -21,7 +19,7 @@ from unified_attn.backends.triton.kernels.mla_attention import (
     mla_attention_kernel,
     write_latent_cache_kernel,
 )
-from unified_attn.backends.triton.kernels.mla_attention_sm90 import mla_attention_sm90_kernel
+from unified_attn.backends.triton.mla_sm90 import hopper_reasons, launch_hopper
 from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     SplitPlan,
@@ -46,8 +44,10 @@ class MLATiles:
     num_stages: int = attrs.field(validator=attrs.validators.ge(1))
     # Programs one SM runs at once (what the split plan fills the GPU with).
     programs_per_sm: int = attrs.field(default=1, validator=attrs.validators.ge(1))
-    # The Hopper decode kernel (kernels/mla_attention_sm90.py) instead of the portable one.
+    # A Hopper decode kernel (mla_sm90.py) instead of the portable one; with warp_specialized
+    # the warp-specialized one wherever the cache allows it (pages of a multiple of 64 keys).
     hopper: bool = False
+    warp_specialized: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.block_h * self.block_q < 16:
@@ -55,6 +55,8 @@ class MLATiles:
                 f"MLATiles: block_h * block_q must be >= 16 (a tensor-core tile), got "
                 f"{self.block_h} * {self.block_q}"
             )
+        if self.warp_specialized and not self.hopper:
+            raise ValueError(f"MLATiles: warp_specialized needs hopper=True, got {self}")
         shape = (self.block_h, self.block_q, self.num_warps, self.programs_per_sm)
         if self.hopper and (
             shape != (64, 1, 8, 1) or self.block_n not in (32, 64) or self.num_stages < 2
@@ -98,43 +100,7 @@ def mla_tiles(num_heads: int, max_query_len: int, dtype: torch.dtype) -> MLATile
     return MLATiles(block_h, block_q, 64, 4, 2, programs_per_sm=2 if block_h * block_q == 16 else 1)
 
 
-HOPPER_TILES = MLATiles(64, 1, 64, 8, 2, hopper=True)
-SM90_SHARED_BYTES = 232448  # shared memory one sm90 program may use (227 KiB)
-HOPPER_LATENT_RANKS = (128, 256, 512)  # L: each warpgroup's output half is one wgmma (N <= 256)
-HOPPER_ROPE_DIMS = (16, 32, 64, 128)
-
-
-@functools.cache
-def _is_sm90(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
-
-def hopper_reasons(
-    device: torch.device,
-    dtype: torch.dtype,
-    kv_lora_rank: int,
-    rope_dim: int,
-    tiles: MLATiles = HOPPER_TILES,
-) -> list[str]:
-    """Why the Hopper decode kernel with `tiles` cannot serve these latent dims on this device
-    (none: it can)."""
-    reasons = []
-    if not _is_sm90(device):
-        reasons.append(f"device {device} is not an sm90 GPU")
-    if dtype not in (torch.float16, torch.bfloat16):
-        reasons.append(f"dtype {dtype} is not 16-bit")
-    if kv_lora_rank not in HOPPER_LATENT_RANKS:
-        reasons.append(f"kv_lora_rank {kv_lora_rank} is not one of {HOPPER_LATENT_RANKS}")
-    if rope_dim not in HOPPER_ROPE_DIMS:
-        reasons.append(f"rope dim {rope_dim} is not one of {HOPPER_ROPE_DIMS}")
-    elif tiles.shared_bytes(kv_lora_rank, rope_dim) + 1024 > SM90_SHARED_BYTES:
-        reasons.append(
-            f"L + R = {kv_lora_rank + rope_dim} with {tiles.num_stages} stages of "
-            f"{tiles.block_n} keys needs {tiles.shared_bytes(kv_lora_rank, rope_dim)} bytes of "
-            f"shared memory (plus about 1 KiB of scratch), more than the {SM90_SHARED_BYTES} "
-            "an sm90 program has"
-        )
-    return reasons
+HOPPER_TILES = MLATiles(64, 1, 64, 8, 2, hopper=True, warp_specialized=True)
 
 
 @attrs.frozen
@@ -177,7 +143,7 @@ def plan_mla(
             decode
             and num_heads >= 64
             and latent_dims is not None
-            and not hopper_reasons(device, dtype, *latent_dims)
+            and not hopper_reasons(device, dtype, *latent_dims, HOPPER_TILES)
         )
         tiles = HOPPER_TILES if hopper else mla_tiles(num_heads, max_query_len, dtype)
     uniform = (
@@ -383,8 +349,8 @@ def mla_attention(
             f"{split.segment}"
         )
     if tiles.hopper:
-        _launch_hopper(q, latent_cache, block_table, seq_lens, scale, out, kv_lora_rank, plan,
-                       part_acc, part_lse)  # fmt: skip
+        launch_hopper(q, latent_cache, block_table, seq_lens, scale, out, kv_lora_rank, plan,
+                      part_acc, part_lse)  # fmt: skip
         return out
     page = latent_cache.shape[1]
     if plan.uniform_query_len:
@@ -411,49 +377,6 @@ def mla_attention(
             WRITE_LSE=False,
         )  # fmt: skip
     return out
-
-
-def _launch_hopper(
-    q: torch.Tensor,
-    latent_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    out: torch.Tensor,
-    kv_lora_rank: int,
-    plan: MLAPlan,
-    part_acc: torch.Tensor,
-    part_lse: torch.Tensor,
-) -> None:
-    """The Hopper decode kernel, then the merge of a split's partials."""
-    num_tokens, num_heads, dim = q.shape
-    reasons = hopper_reasons(q.device, q.dtype, kv_lora_rank, dim - kv_lora_rank, plan.tiles)
-    if plan.uniform_query_len != 1:
-        reasons.append(f"the plan's uniform_query_len is {plan.uniform_query_len}, not 1 (decode)")
-    strides = (*q.stride()[:2], *out.stride()[:2], *latent_cache.stride()[:2])
-    if any(x % 8 for x in strides) or any(t.data_ptr() % 16 for t in (q, out, latent_cache)):
-        reasons.append(f"rows are not 16-byte aligned (strides {strides})")
-    if reasons:
-        raise ValueError(
-            f"plan.tiles: the Hopper MLA kernel cannot run this batch: {'; '.join(reasons)}; "
-            "plan it with plan_mla without tiles (or pass portable MLATiles)"
-        )
-    split = plan.split
-    num_segments = split.num_segments if split else 1
-    tiles = plan.tiles
-    mla_attention_sm90_kernel[(cdiv(num_heads, 64), num_segments, num_tokens)](
-        out, q, latent_cache, block_table, seq_lens, part_acc, part_lse, scale, num_heads,
-        split.segment if split else 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
-        L=kv_lora_rank, R=dim - kv_lora_rank, PAGE=latent_cache.shape[1], TILE=tiles.block_n,
-        STAGES=tiles.num_stages, SPLIT=split is not None, num_warps=8,
-    )  # fmt: skip
-    if split is not None:
-        merge_partials_kernel[(num_tokens, num_heads)](
-            out, part_lse, part_acc, part_lse, num_heads, num_segments, out.stride(0),
-            out.stride(1), D=kv_lora_rank, PARTS_PAD=triton.next_power_of_2(num_segments),
-            WRITE_LSE=False,
-        )  # fmt: skip
 
 
 def _partials(

@@ -85,6 +85,14 @@ def platform_reasons(device: str, dtype: torch.dtype) -> list[str]:
     return reasons
 
 
+SM90_SHARED_BYTES = 232448  # shared memory one sm90 (Hopper) program may use: 227 KiB
+
+
+@functools.cache
+def is_sm90(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 @functools.cache
 def num_multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":

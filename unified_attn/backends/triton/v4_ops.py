@@ -3,8 +3,6 @@ caches): `gathered_attention`."""
 
 from __future__ import annotations
 
-import functools
-
 import attrs
 import torch
 import triton
@@ -14,12 +12,16 @@ from unified_attn.backends.triton.kernels.gathered_attention_sm90 import (
     gathered_attention_sm90_kernel,
 )
 from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
-from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, num_multiprocessors
+from unified_attn.backends.triton.ops import (
+    SM90_SHARED_BYTES,
+    SUPPORTED_DTYPES,
+    is_sm90,
+    num_multiprocessors,
+)
 from unified_attn.utils import int_in, power_of_two
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 SM90_WIDTHS = (128, 256, 512)  # the widths its GPU tests cover
-SM90_SHARED_BYTES = 232448  # shared memory one sm90 program may use (227 KiB)
 
 
 @attrs.frozen
@@ -56,15 +58,10 @@ class Sm90GatherConfig:
         return itemsize * (64 * width + self.num_stages * self.tile * width + 64 * self.tile)
 
 
-@functools.cache
-def _is_sm90(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-
-
 def sm90_eligible(q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> bool:
     """The Hopper kernel serves 16-bit queries on an sm90 device whose rows, query and output
     rows start on 16-byte boundaries (its copies move 16 bytes)."""
-    if not _is_sm90(q.device):
+    if not is_sm90(q.device):
         return False
     strides = (*q.stride()[:2], *out.stride()[:2], *cache.stride()[:2])
     aligned = all(t.data_ptr() % 16 == 0 for t in (q, cache, out))
