@@ -267,6 +267,13 @@ class AttentionBackend(ABC, Generic[PlanT]):
         """Kernel block sizes the backend accepts; None = any."""
         return None
 
+    @classmethod
+    def preferred_kernel_block_size(cls) -> int | None:
+        """The block size the backend's fastest kernel wants when the user names none; None =
+        no preference. The worker takes it when the backends that state one agree and every
+        backend accepts it (`runner.worker.choose_block_size`)."""
+        return None
+
     # ---- the contract --------------------------------------------------------------------------
 
     def get_cache_config(self) -> CacheConfig | None:

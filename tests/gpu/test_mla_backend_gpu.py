@@ -35,3 +35,35 @@ def test_triton_equals_the_reference(dtype, tolerance):
         # (a random tiny model has near-ties: in bf16 the greedy paths part after a few tokens,
         # 70% of the tokens shared on an H200; every logit row up to the parting is compared)
         assert (a.logits[: same + 1] - b.logits[: same + 1]).abs().max() < tolerance
+
+
+def test_sixty_four_heads_run_the_warp_specialized_kernel_in_graphs(monkeypatch):
+    """64 heads and a 128 + 16 latent: `triton-mla`'s preferred block size (64) gives pages the
+    warp-specialized Hopper kernel takes; decode steps replay CUDA graphs; the tokens' logits
+    equal the reference backend's within bf16 rounding."""
+    import attrs
+
+    from unified_attn.backends.triton.mla_ops import HOPPER_TILES
+    from unified_attn.backends.triton.mla_sm90 import is_sm90
+    from unified_attn.models.presets import MLA_PRESETS
+
+    if not is_sm90(torch.device("cuda")):
+        pytest.skip("the Hopper kernels need an sm90 GPU")
+    wide = attrs.evolve(MLA_PRESETS["deepseek-v3-like"], name="mla-64-heads", num_heads=64,
+                        kv_lora_rank=128)  # fmt: skip
+    monkeypatch.setitem(MLA_PRESETS, "mla-64-heads", wide)
+    params = SamplingParams(max_tokens=16, ignore_eos=True, return_logits=True)
+    outputs = {}
+    for backend in ("mla-reference", "triton-mla"):
+        graphs = backend == "triton-mla"
+        engine = LLMEngine("mla-64-heads", device="cuda", dtype="bfloat16", backend=backend,
+                           kv_cache_memory="256MiB", cuda_graphs=graphs)  # fmt: skip
+        outputs[backend] = engine.generate(PROMPTS, params)
+    assert engine.kv_cache_report.block_size == 64
+    assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    mla = next(b for _, b in engine.worker.model.attention_layers() if b.name == "triton-mla")
+    assert mla.current_plan().launch.tiles == HOPPER_TILES
+    for a, b in zip(outputs["triton-mla"], outputs["mla-reference"], strict=True):
+        same = next((i for i, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids,
+                                                      strict=True)) if x != y), 16)  # fmt: skip
+        assert (a.logits[: same + 1] - b.logits[: same + 1]).abs().max() < 0.15

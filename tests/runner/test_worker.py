@@ -9,7 +9,12 @@ from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
 from unified_attn.runner.memory import format_memory, parse_memory
-from unified_attn.runner.worker import Worker, agree_on_num_blocks, plan_kv_cache
+from unified_attn.runner.worker import (
+    Worker,
+    agree_on_num_blocks,
+    choose_block_size,
+    plan_kv_cache,
+)
 
 
 class FakeModel:
@@ -119,6 +124,30 @@ def test_engine_agrees_on_the_minimum_block_count():
 def test_block_size_must_be_positive():
     with pytest.raises(ValueError, match="block_size must be positive"):
         plan_kv_cache([(layer(0), backend())], block_size=0)
+
+
+class Prefers64(ReferenceAttentionBackend):
+    @classmethod
+    def preferred_kernel_block_size(cls):
+        return 64
+
+
+class Takes16Or32(ReferenceAttentionBackend):
+    @classmethod
+    def supported_kernel_block_sizes(cls):
+        return (16, 32)
+
+
+def make(cls):
+    return cls(num_kv_heads=2, head_size=8, dtype=torch.float16)
+
+
+def test_a_preferred_block_size_is_taken_when_none_is_named():
+    assert choose_block_size([make(Prefers64), backend()], None) == 64
+    assert choose_block_size([make(Prefers64)], 16) == 16  # a named size wins
+    # a preference another backend cannot take falls back to the usual rule
+    assert choose_block_size([make(Prefers64), make(Takes16Or32)], None) == 16
+    assert choose_block_size([backend(), backend()], None) == 16
 
 
 # ---- the budget against what the device has; memory sizes as users write them -------------

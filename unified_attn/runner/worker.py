@@ -181,9 +181,10 @@ def split_balanced(bucket: list[LayerPlan], target: int) -> list[list[LayerPlan]
 
 
 def choose_block_size(backends: list[AttentionBackend], requested: int | None) -> int:
-    """The requested size (checked), else 16 when every backend takes it, else the largest
-    size all backends take. K/V pages interleave K and V, so a manager block cannot be split
-    into smaller kernel blocks: every backend must accept the manager block size itself."""
+    """The requested size (checked), else the size the backends prefer (when those that state
+    one agree and every backend takes it), else 16 when every backend takes it, else the
+    largest size all backends take. K/V pages interleave K and V, so a manager block cannot be
+    split into smaller kernel blocks: every backend must accept the manager block size itself."""
     accepted = [b.supported_kernel_block_sizes() for b in backends]
     limits = [set(a) for a in accepted if a is not None]
     if requested is not None:
@@ -196,6 +197,11 @@ def choose_block_size(backends: list[AttentionBackend], requested: int | None) -
                     f"it accepts {sorted(sizes)}"
                 )
         return requested
+    preferred = {b.preferred_kernel_block_size() for b in backends} - {None}
+    if len(preferred) == 1:
+        (size,) = preferred
+        if all(a is None or size in a for a in accepted):
+            return size
     common = set.intersection(*limits) if limits else None
     if common is None or DEFAULT_BLOCK_SIZE in common:
         return DEFAULT_BLOCK_SIZE
