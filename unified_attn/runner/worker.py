@@ -197,7 +197,7 @@ def choose_block_size(backends: list[AttentionBackend], requested: int | None) -
                     f"it accepts {sorted(sizes)}"
                 )
         return requested
-    preferred = {b.preferred_kernel_block_size() for b in backends} - {None}
+    preferred = {p for b in backends if (p := b.preferred_kernel_block_size()) is not None}
     if len(preferred) == 1:
         (size,) = preferred
         if all(a is None or size in a for a in accepted):
