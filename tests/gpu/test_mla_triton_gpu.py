@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.gpu.graphs import capture
 from unified_attn.backends.triton.mla_ops import (
     MLAScratch,
     mla_attention,
@@ -116,14 +117,7 @@ def test_cuda_graph_replay_of_split_decode_is_identical():
     def step():
         mla_attention(q, cache, table, qsl, seq_lens, SCALE, out, L, plan=plan, scratch=scratch)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
     for lens in ([4001] * batch, [1, 9, 300, 4001, 2500, 64, 65, 0]):
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))

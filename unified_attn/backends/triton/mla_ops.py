@@ -14,7 +14,7 @@ import attrs
 import torch
 import triton
 
-from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
+from unified_attn.backends.triton.kernels.merge_partials import merge_mla_partials
 from unified_attn.backends.triton.kernels.mla_attention import (
     mla_attention_kernel,
     write_latent_cache_kernel,
@@ -371,11 +371,7 @@ def mla_attention(
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split is not None:
-        merge_partials_kernel[(num_tokens, num_heads)](
-            out, part_lse, part_acc, part_lse, num_heads, num_segments, out.stride(0),
-            out.stride(1), D=kv_lora_rank, PARTS_PAD=triton.next_power_of_2(num_segments),
-            WRITE_LSE=False,
-        )  # fmt: skip
+        merge_mla_partials(out, part_acc, part_lse, num_segments)
     return out
 
 

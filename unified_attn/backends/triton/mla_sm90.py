@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
+from unified_attn.backends.triton.kernels.merge_partials import merge_mla_partials
 from unified_attn.backends.triton.kernels.mla_attention_sm90 import mla_attention_sm90_kernel
 from unified_attn.backends.triton.kernels.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel
 from unified_attn.backends.triton.ops import SM90_SHARED_BYTES, is_sm90
@@ -149,8 +148,4 @@ def launch_hopper(
             STAGES=tiles.num_stages, SPLIT=split is not None, num_warps=8,
         )  # fmt: skip
     if split is not None:
-        merge_partials_kernel[(num_tokens, num_heads)](
-            out, part_lse, part_acc, part_lse, num_heads, num_segments, out.stride(0),
-            out.stride(1), D=kv_lora_rank, PARTS_PAD=triton.next_power_of_2(num_segments),
-            WRITE_LSE=False,
-        )  # fmt: skip
+        merge_mla_partials(out, part_acc, part_lse, num_segments)

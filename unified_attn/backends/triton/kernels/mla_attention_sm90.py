@@ -44,6 +44,22 @@ NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
 
 
 @gluon.jit
+def segment_of(seq_lens_ptr, segment_len, BH: gl.constexpr, TILE: gl.constexpr):
+    """A decode program's token, first head, segment (grid: head groups, segments, tokens), the
+    segment's keys `[seg_lo, seg_hi)` and its tiles; the last segment takes every key left."""
+    head0 = gl.program_id(0) * BH
+    segment = gl.program_id(1)
+    t = gl.program_id(2).to(gl.int64)
+    seq_len = gl.load(seq_lens_ptr + t)
+    seg_lo = segment * segment_len
+    seg_hi = seq_len
+    if segment < gl.num_programs(1) - 1:
+        seg_hi = gl.minimum(seq_len, seg_lo + segment_len)
+    num_tiles = gl.cdiv(gl.maximum(seg_hi - seg_lo, 0), TILE)
+    return t, head0, segment, seg_lo, seg_hi, num_tiles
+
+
+@gluon.jit
 def _key_rows(table_row, keys, end, stride_cb, stride_cs, PAGE: gl.constexpr):
     """Element offsets of the cache rows of `keys` (0 for keys at or past `end`, whose copies
     are masked) and which keys are real. Issues the block-table load only: nothing waits for it
@@ -121,15 +137,7 @@ def mla_attention_sm90_kernel(
         dtype, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], dtype)
     )
 
-    head0 = gl.program_id(0) * BH
-    segment = gl.program_id(1)
-    t = gl.program_id(2).to(gl.int64)
-    seq_len = gl.load(seq_lens_ptr + t)
-    seg_lo = segment * segment_len
-    seg_hi = seq_len
-    if segment < gl.num_programs(1) - 1:  # the last segment takes every key left
-        seg_hi = gl.minimum(seq_len, seg_lo + segment_len)
-    num_tiles = gl.cdiv(gl.maximum(seg_hi - seg_lo, 0), TILE)
+    t, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE)
     table_row = block_table_ptr + t * stride_bt
     q_ptr += t * stride_qt
 

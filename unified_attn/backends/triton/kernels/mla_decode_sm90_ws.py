@@ -53,6 +53,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from unified_attn.backends.triton.kernels.mla_attention_sm90 import segment_of
+
 BH: gl.constexpr = gl.constexpr(64)  # heads per program: the wgmma M side
 TILE: gl.constexpr = gl.constexpr(64)  # keys per tile
 # Barriers: ready[2 * half + stage] (TMA), published[stage], the end of the loop, the query.
@@ -60,21 +62,6 @@ READY: gl.constexpr = gl.constexpr(0)
 PUBLISHED: gl.constexpr = gl.constexpr(4)
 END: gl.constexpr = gl.constexpr(6)
 QUERY: gl.constexpr = gl.constexpr(7)
-
-
-@gluon.jit
-def _segment(seq_lens_ptr, segment_len):
-    """This program's token, first head, segment, the segment's keys and its tiles."""
-    head0 = gl.program_id(0) * BH
-    segment = gl.program_id(1)
-    t = gl.program_id(2).to(gl.int64)
-    seq_len = gl.load(seq_lens_ptr + t)
-    seg_lo = segment * segment_len
-    seg_hi = seq_len
-    if segment < gl.num_programs(1) - 1:  # the last segment takes every key left
-        seg_hi = gl.minimum(seq_len, seg_lo + segment_len)
-    num_tiles = gl.cdiv(gl.maximum(seg_hi - seg_lo, 0), TILE)
-    return t, head0, segment, seg_lo, seg_hi, num_tiles
 
 
 @gluon.jit
@@ -174,7 +161,7 @@ def _warpgroup(w: gl.constexpr, desc, pe_desc, q, k, k_pe, p_smem, stats, lsum, 
     qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    t, head0, segment, seg_lo, seg_hi, num_tiles = _segment(seq_lens_ptr, segment_len)
+    t, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE)
     q_ptr += t * stride_qt
     table_row = block_table_ptr + t * stride_bt
 
@@ -353,7 +340,7 @@ def mla_decode_sm90_ws_kernel(
     mbarrier.init(bars.index(QUERY), count=2)
 
     # The first two tiles, by the default warps before the partitions start.
-    t, _, _, seg_lo, _, num_tiles = _segment(seq_lens_ptr, segment_len)
+    t, _, _, seg_lo, _, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE)
     table_row = block_table_ptr + t * stride_bt
     for j in gl.static_range(2):
         if j < num_tiles:

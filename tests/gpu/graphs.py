@@ -1,0 +1,21 @@
+"""CUDA-graph capture for the GPU tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def capture(step: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """Run `step` once on a side stream (compiles and warms up outside the capture), then
+    capture one call of it in a graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
