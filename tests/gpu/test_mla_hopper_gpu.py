@@ -154,10 +154,12 @@ def test_refusals():
     q, cache, table, qsl, lens = make_inputs([100, 100], 128, gen)
     assert hopper_reasons(q.device, torch.float32, 512, 64, HOPPER_TILES)  # not 16-bit
     assert hopper_reasons(q.device, q.dtype, 1024, 64, HOPPER_TILES)  # L over one wgmma
-    # Prefill-shaped batches keep the portable kernel.
-    plan = plan_mla(num_reqs=1, num_tokens=2, num_heads=128, max_query_len=2, max_seq_len=100,
-                    dtype=q.dtype, device=q.device, latent_dims=(512, 64))  # fmt: skip
-    assert not plan.tiles.hopper
+    # Ragged batches (prefill chunks) and long uniform ones keep the portable kernel.
+    for reqs, tokens, longest in ((2, 5, 4), (1, 16, 16)):
+        plan = plan_mla(num_reqs=reqs, num_tokens=tokens, num_heads=128, max_query_len=longest,
+                        max_seq_len=100, dtype=q.dtype, device=q.device,
+                        latent_dims=(512, 64))  # fmt: skip
+        assert not plan.tiles.hopper
     big = MLATiles(64, 1, 64, 8, 3, hopper=True)  # 3 stages of 64 keys: 296 KiB
     with pytest.raises(ValueError, match="shared memory"):
         attend(q, cache, table, qsl, lens, 512, tiles=big, num_segments=1)
@@ -193,3 +195,44 @@ def test_cuda_graph_replay_is_identical():
         assert torch.equal(replayed, out), f"replay differs from eager for {lens}"
         want = oracle(q, cache, table, seq_lens, 512)
         torch.testing.assert_close(out.float(), want, atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("query_len", [2, 4])
+@pytest.mark.parametrize("num_segments", [None, 1], ids=["auto", "one"])
+def test_speculative_verification(query_len, num_segments):
+    """Every request has `query_len` query tokens (a draft being verified): token j sees the
+    request's first `seq_len - query_len + j + 1` keys. Both Hopper kernels (pages of 64: the
+    warp-specialized one; of 32: the lockstep one) against the oracle and the portable
+    kernel."""
+    lens = [3000, 65, 130, query_len, 64 + query_len]
+    for page in (64, 32):
+        gen = torch.Generator().manual_seed(query_len * page)
+        _, cache, table, _, seq_lens = make_inputs(lens, 128, gen, page=page)
+        num_tokens = len(lens) * query_len
+        q = torch.randn(num_tokens, 128, 576, generator=gen).to(torch.bfloat16).cuda()
+        qsl = torch.arange(0, num_tokens + 1, query_len, dtype=torch.int32, device="cuda")
+        outs = {}
+        for name, tiles in (("hopper", None), ("portable", MLATiles(64, 1, 64, 8, 2))):
+            plan = plan_mla(num_reqs=len(lens), num_tokens=num_tokens, num_heads=128,
+                            max_query_len=query_len, max_seq_len=max(lens), dtype=q.dtype,
+                            device=q.device, tiles=tiles, num_segments=num_segments,
+                            latent_dims=(512, 64))  # fmt: skip
+            assert plan.tiles.hopper == (name == "hopper")
+            scratch = MLAScratch()
+            if plan.split is not None:
+                scratch.ensure(num_tokens, 128, plan.split.num_segments, 512, q.device)
+            outs[name] = torch.full((num_tokens, 128, 512), float("nan"), dtype=q.dtype,
+                                    device="cuda")  # fmt: skip
+            mla_attention(q, cache, table, qsl, seq_lens, SCALE, outs[name], 512, plan=plan,
+                          scratch=scratch)  # fmt: skip
+        want = torch.zeros(num_tokens, 128, 512, device="cuda")
+        for i, seq_len in enumerate(lens):
+            for j in range(query_len):
+                visible = seq_len - query_len + j + 1
+                pos = torch.arange(visible, device="cuda")
+                keys = cache[table[i, pos // page].long(), pos % page].float()
+                scores = q[i * query_len + j].float() @ keys.T * SCALE
+                want[i * query_len + j] = torch.softmax(scores, -1) @ keys[:, :512]
+        torch.testing.assert_close(outs["hopper"].float(), want, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(outs["hopper"].float(), outs["portable"].float(), atol=ATOL,
+                                   rtol=RTOL)  # fmt: skip

@@ -19,7 +19,11 @@ from unified_attn.backends.triton.kernels.mla_attention import (
     mla_attention_kernel,
     write_latent_cache_kernel,
 )
-from unified_attn.backends.triton.mla_sm90 import hopper_reasons, launch_hopper
+from unified_attn.backends.triton.mla_sm90 import (
+    HOPPER_MAX_QUERY_LEN,
+    hopper_reasons,
+    launch_hopper,
+)
 from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     SplitPlan,
@@ -134,13 +138,16 @@ def plan_mla(
     the capture with the largest `max_seq_len` a replay may see (longer contexts stay correct:
     the last segment takes every key past the others, only balance suffers).
 
-    `latent_dims` `(L, R)`: with them a decode batch (one query token per request) of at least
-    64 heads on an sm90 GPU gets the Hopper kernel (`HOPPER_TILES`) when it can serve them.
+    `latent_dims` `(L, R)`: with them a batch of at least 64 heads in which every request has
+    the same 1 to `HOPPER_MAX_QUERY_LEN` query tokens (decode, speculative verification) gets
+    the Hopper kernels (`HOPPER_TILES`) on an sm90 GPU when they can serve them.
     """
     if tiles is None:
-        decode = max_query_len == 1 and num_tokens == num_reqs
+        uniform_short = (
+            0 < max_query_len <= HOPPER_MAX_QUERY_LEN and num_tokens == num_reqs * max_query_len
+        )
         hopper = (
-            decode
+            uniform_short
             and num_heads >= 64
             and latent_dims is not None
             and not hopper_reasons(device, dtype, *latent_dims, HOPPER_TILES)

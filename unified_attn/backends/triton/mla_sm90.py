@@ -1,7 +1,8 @@
 """The Hopper (sm90) MLA decode kernels: which batches they serve, and their launches.
 
-Two Gluon kernels serve weight-absorbed MLA decode (one query token per request, at least 64
-heads) on an sm90 GPU with 16-bit data:
+Two Gluon kernels serve weight-absorbed MLA decode (one query token per request, or up to
+`HOPPER_MAX_QUERY_LEN` of them in speculative verification; at least 64 heads) on an sm90 GPU
+with 16-bit data:
 - the warp-specialized kernel (`kernels/mla_decode_sm90_ws.py`), when every page holds a
   multiple of 64 keys (a tile is one page's rows, one TMA copy) and its shared memory fits;
 - the lockstep kernel (`kernels/mla_attention_sm90.py`) otherwise (any page size).
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 HOPPER_LATENT_RANKS = (128, 256, 512)  # L: each warpgroup's output half is one wgmma (N <= 256)
 HOPPER_ROPE_DIMS = (16, 32, 64, 128)
+HOPPER_MAX_QUERY_LEN = 8  # query tokens per request: decode and speculative verification
 WS_TILE = 64  # keys per tile of the warp-specialized kernel
 LOG2E = 1.4426950408889634
 
@@ -111,13 +113,18 @@ def launch_hopper(
     part_acc: torch.Tensor,
     part_lse: torch.Tensor,
 ) -> None:
-    """A Hopper decode kernel (the warp-specialized one where `warp_specialized_fits`), then
-    the merge of a split's partials. Raises ValueError naming what does not fit."""
+    """A Hopper kernel (the warp-specialized one where `warp_specialized_fits`), then the merge
+    of a split's partials. Each query token is its own program row: with `uniform_query_len`
+    n > 1 (speculative verification) token j of a request sees its first `seq_len - n + j + 1`
+    keys. Raises ValueError naming what does not fit."""
     num_tokens, num_heads, dim = q.shape
     tiles, split = plan.tiles, plan.split
     reasons = hopper_reasons(q.device, q.dtype, kv_lora_rank, dim - kv_lora_rank, tiles)
-    if plan.uniform_query_len != 1:
-        reasons.append(f"the plan's uniform_query_len is {plan.uniform_query_len}, not 1 (decode)")
+    if not 1 <= plan.uniform_query_len <= HOPPER_MAX_QUERY_LEN:
+        reasons.append(
+            f"the plan's uniform_query_len is {plan.uniform_query_len}, not 1 to "
+            f"{HOPPER_MAX_QUERY_LEN} (decode or speculative verification)"
+        )
     strides = (*q.stride()[:2], *out.stride()[:2], *latent_cache.stride()[:2])
     if any(x % 8 for x in strides) or any(t.data_ptr() % 16 for t in (q, out, latent_cache)):
         reasons.append(f"rows are not 16-byte aligned (strides {strides})")
@@ -137,7 +144,7 @@ def launch_hopper(
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
             latent_cache.stride(0) // latent_cache.stride(1), 0, desc, rope_desc,
             L=kv_lora_rank, R=rope_dim, PAGE=latent_cache.shape[1], SPLIT=split is not None,
-            num_warps=4,
+            QUERY_LEN=plan.uniform_query_len, num_warps=4,
         )  # fmt: skip
     else:
         mla_attention_sm90_kernel[grid](
@@ -145,7 +152,8 @@ def launch_hopper(
             segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
             L=kv_lora_rank, R=rope_dim, PAGE=latent_cache.shape[1], TILE=tiles.block_n,
-            STAGES=tiles.num_stages, SPLIT=split is not None, num_warps=8,
+            STAGES=tiles.num_stages, SPLIT=split is not None, QUERY_LEN=plan.uniform_query_len,
+            num_warps=8,
         )  # fmt: skip
     if split is not None:
         merge_mla_partials(out, part_acc, part_lse, num_segments)

@@ -44,19 +44,23 @@ NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
 
 
 @gluon.jit
-def segment_of(seq_lens_ptr, segment_len, BH: gl.constexpr, TILE: gl.constexpr):
-    """A decode program's token, first head, segment (grid: head groups, segments, tokens), the
-    segment's keys `[seg_lo, seg_hi)` and its tiles; the last segment takes every key left."""
+def segment_of(seq_lens_ptr, segment_len, BH: gl.constexpr, TILE: gl.constexpr,
+               QUERY_LEN: gl.constexpr):  # fmt: skip
+    """A program's query token t (grid: head groups, segments, tokens), its request (QUERY_LEN
+    tokens each: token j of request r is its query `r * QUERY_LEN + j` and sees the request's
+    keys `[0, seq_len - QUERY_LEN + j + 1)`), first head, segment, the segment's keys `[seg_lo,
+    seg_hi)` and its tiles; the last segment takes every key left."""
     head0 = gl.program_id(0) * BH
     segment = gl.program_id(1)
     t = gl.program_id(2).to(gl.int64)
-    seq_len = gl.load(seq_lens_ptr + t)
+    req = t // QUERY_LEN
+    seq_len = gl.load(seq_lens_ptr + req) - (QUERY_LEN - 1 - (t % QUERY_LEN)).to(gl.int32)
     seg_lo = segment * segment_len
     seg_hi = seq_len
     if segment < gl.num_programs(1) - 1:
         seg_hi = gl.minimum(seq_len, seg_lo + segment_len)
     num_tiles = gl.cdiv(gl.maximum(seg_hi - seg_lo, 0), TILE)
-    return t, head0, segment, seg_lo, seg_hi, num_tiles
+    return t, req, head0, segment, seg_lo, seg_hi, num_tiles
 
 
 @gluon.jit
@@ -105,6 +109,7 @@ def mla_attention_sm90_kernel(
     TILE: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT: gl.constexpr,
+    QUERY_LEN: gl.constexpr,  # query tokens of every request (1: decode)
 ):
     BH: gl.constexpr = 64  # heads per program: the wgmma M side
     PE_COLS: gl.constexpr = R // 8  # threads across a rope row (16 bytes each)
@@ -137,8 +142,10 @@ def mla_attention_sm90_kernel(
         dtype, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], dtype)
     )
 
-    t, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE)
-    table_row = block_table_ptr + t * stride_bt
+    t, req, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(
+        seq_lens_ptr, segment_len, BH, TILE, QUERY_LEN
+    )
+    table_row = block_table_ptr + req * stride_bt
     q_ptr += t * stride_qt
 
     dims_c = gl.arange(0, L, layout=gl.SliceLayout(0, c_layout))

@@ -148,7 +148,7 @@ def _warpgroup(w: gl.constexpr, desc, pe_desc, q, k, k_pe, p_smem, stats, lsum, 
                out_ptr, part_acc_ptr, part_lse_ptr, seq_lens_ptr, block_table_ptr, num_heads,
                segment_len, qk_scale, stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
                rows_per_block, zero, L: gl.constexpr, R: gl.constexpr, PAGE: gl.constexpr,
-               SPLIT: gl.constexpr):  # fmt: skip
+               SPLIT: gl.constexpr, QUERY_LEN: gl.constexpr):  # fmt: skip
     """Warpgroup w: the scores of the tiles in stage w, and output features
     `[w * L / 2, (w + 1) * L / 2)` of every tile."""
     HALF: gl.constexpr = L // 2
@@ -161,9 +161,11 @@ def _warpgroup(w: gl.constexpr, desc, pe_desc, q, k, k_pe, p_smem, stats, lsum, 
     qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    t, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE)
+    t, req, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(
+        seq_lens_ptr, segment_len, BH, TILE, QUERY_LEN
+    )
     q_ptr += t * stride_qt
-    table_row = block_table_ptr + t * stride_bt
+    table_row = block_table_ptr + req * stride_bt
 
     # Half w of the query's latent part, then both halves are waited for.
     ql: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -319,6 +321,7 @@ def mla_decode_sm90_ws_kernel(
     R: gl.constexpr,
     PAGE: gl.constexpr,
     SPLIT: gl.constexpr,
+    QUERY_LEN: gl.constexpr,  # query tokens of every request (1: decode)
 ):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     HALF: gl.constexpr = L // 2
@@ -340,8 +343,9 @@ def mla_decode_sm90_ws_kernel(
     mbarrier.init(bars.index(QUERY), count=2)
 
     # The first two tiles, by the default warps before the partitions start.
-    t, _, _, seg_lo, _, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE)
-    table_row = block_table_ptr + t * stride_bt
+    _, req, _, _, seg_lo, _, num_tiles = segment_of(seq_lens_ptr, segment_len, BH, TILE,
+                                                     QUERY_LEN)  # fmt: skip
+    table_row = block_table_ptr + req * stride_bt
     for j in gl.static_range(2):
         if j < num_tiles:
             for w in gl.static_range(2):
@@ -352,11 +356,13 @@ def mla_decode_sm90_ws_kernel(
             (_warpgroup, (0, desc, pe_desc, q, k, k_pe, p_smem, stats, lsum, bars, q_ptr,
                           out_ptr, part_acc_ptr, part_lse_ptr, seq_lens_ptr, block_table_ptr,
                           num_heads, segment_len, qk_scale, stride_qt, stride_qh, stride_ot,
-                          stride_oh, stride_bt, rows_per_block, zero, L, R, PAGE, SPLIT)),
+                          stride_oh, stride_bt, rows_per_block, zero, L, R, PAGE, SPLIT,
+                          QUERY_LEN)),
             (_warpgroup, (1, desc, pe_desc, q, k, k_pe, p_smem, stats, lsum, bars, q_ptr,
                           out_ptr, part_acc_ptr, part_lse_ptr, seq_lens_ptr, block_table_ptr,
                           num_heads, segment_len, qk_scale, stride_qt, stride_qh, stride_ot,
-                          stride_oh, stride_bt, rows_per_block, zero, L, R, PAGE, SPLIT)),
+                          stride_oh, stride_bt, rows_per_block, zero, L, R, PAGE, SPLIT,
+                          QUERY_LEN)),
         ],
         [4],
         [256],
