@@ -19,3 +19,12 @@ def capture(step: Callable[[], object]) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         step()
     return graph
+
+
+def assert_replay_equals_eager(graph: torch.cuda.CUDAGraph, step: Callable[[], object],
+                               out: torch.Tensor, what: object) -> None:  # fmt: skip
+    """Replay `graph`, then run `step` eagerly: `out` must be bit-identical both times."""
+    graph.replay()
+    replayed = out.clone()
+    step()
+    assert torch.equal(replayed, out), f"replay differs from eager for {what}"

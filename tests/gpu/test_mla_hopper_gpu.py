@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.graphs import capture
+from tests.gpu.graphs import assert_replay_equals_eager, capture
 from unified_attn.backends.triton.mla_ops import (
     HOPPER_TILES,
     MLAScratch,
@@ -189,10 +189,7 @@ def test_cuda_graph_replay_is_identical():
     for lens in ([4000] * batch, [1, 9, 300, 4000, 2500, 64, 65, 0]):
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
-        graph.replay()
-        replayed = out.clone()
-        step()
-        assert torch.equal(replayed, out), f"replay differs from eager for {lens}"
+        assert_replay_equals_eager(graph, step, out, lens)
         want = oracle(q, cache, table, seq_lens, 512)
         torch.testing.assert_close(out.float(), want, atol=ATOL, rtol=RTOL)
 

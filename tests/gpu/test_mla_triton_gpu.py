@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.graphs import capture
+from tests.gpu.graphs import assert_replay_equals_eager, capture
 from unified_attn.backends.triton.mla_ops import (
     MLAScratch,
     mla_attention,
@@ -121,9 +121,6 @@ def test_cuda_graph_replay_of_split_decode_is_identical():
     for lens in ([4001] * batch, [1, 9, 300, 4001, 2500, 64, 65, 0]):
         seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         q.copy_(torch.randn(q.shape, generator=gen).to(q.dtype))
-        graph.replay()
-        replayed = out.clone()
-        step()
-        assert torch.equal(replayed, out), f"replay differs from eager for {lens}"
+        assert_replay_equals_eager(graph, step, out, lens)
         torch.testing.assert_close(out.float(), oracle(q, cache, table, qsl, seq_lens),
                                    atol=ATOL, rtol=RTOL)  # fmt: skip
