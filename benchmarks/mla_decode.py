@@ -23,7 +23,7 @@ from common import add_out_argument, command_line, output_dir, utc_timestamp, wr
 from mla_bench.checks import compiled_kernels, oracle_check
 from mla_bench.config import FULL, QUICK, SCHEMA, SEED, TARGET_TB_S, TOLERANCE
 from mla_bench.report import plot, print_table, shape_line, verdicts
-from mla_bench.shape import bench_shape
+from mla_bench.shape import bench_shape, tiles_of
 from mla_bench.timing import Bench
 
 from unified_attn.harness.bench import machine_info
@@ -125,7 +125,13 @@ def header(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    device = require_device(args.quick)
+    device = require_device(args.quick)  # before the kernels are imported (the interpreter)
+    for tiles in args.tiles or []:
+        try:
+            tiles_of(tiles)
+        except ValueError as e:
+            print(f"--tiles {','.join(map(str, tiles))}: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
     bench = Bench(device)
     out_dir = output_dir(args)
     results = header(args, device)

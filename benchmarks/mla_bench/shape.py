@@ -122,6 +122,15 @@ def add_rates(
         rec["ours_speedup"] = rec["ms"] / ours_ms  # > 1: ours is faster
 
 
+def tiles_of(values: list[int]) -> Any:
+    """`MLATiles` from a `--tiles` list: BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]] with
+    HOPPER 0 portable, 1 Hopper lockstep, 2 Hopper warp-specialized; ValueError if invalid."""
+    from unified_attn.backends.triton.mla_ops import MLATiles
+
+    kernel = values[6:]
+    return MLATiles(*values[:6], hopper=kernel in ([1], [2]), warp_specialized=kernel == [2])
+
+
 def bench_shape(
     bench: Bench,
     args: argparse.Namespace,
@@ -131,17 +140,8 @@ def bench_shape(
     ctx: int,
     gen: torch.Generator,
 ) -> dict[str, Any]:
-    from unified_attn.backends.triton.mla_ops import MLATiles
-
     p = args.params
-    configs = (
-        [
-            MLATiles(*t[:6], hopper=t[6:] in ([1], [2]), warp_specialized=t[6:] == [2])
-            for t in args.tiles
-        ]
-        if args.tiles
-        else [None]
-    )
+    configs = [tiles_of(t) for t in args.tiles] if args.tiles else [None]
     rec: dict[str, Any] = {"heads": heads, "batch": batch, "ctx": ctx, "ours": []}
     shape = Shape(bench, p, heads, batch, ctx, gen)
     ours_out = None

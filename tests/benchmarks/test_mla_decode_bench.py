@@ -29,6 +29,18 @@ def test_bad_tiles_are_rejected(bench, capsys):
     assert "BH,BQ,BN,WARPS,STAGES" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("tiles", "message"), [
+    ("64,1,64,8,2,1,3", "HOPPER 0: portable"),
+    ("32,1,64,8,2,1,2", "the Hopper kernel takes block_h 64"),
+])  # fmt: skip
+def test_bad_kernel_choice_is_one_line_with_code_2(bench, capsys, tiles, message):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--quick", "--tiles", tiles])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_full_run_without_cuda_exits_with_code_2(bench, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -4,12 +4,16 @@ from CUDA graphs."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
 from unified_attn import LLMEngine, SamplingParams
+from unified_attn.backends.triton.mla_ops import HOPPER_TILES
+from unified_attn.models.presets import MLA_PRESETS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 PROMPTS = [[5 + i % 7, 9, 11 + i] * (4 + i) for i in range(6)]
 
@@ -37,18 +41,11 @@ def test_triton_equals_the_reference(dtype, tolerance):
         assert (a.logits[: same + 1] - b.logits[: same + 1]).abs().max() < tolerance
 
 
+@pytest.mark.skipif(not SM90, reason="the Hopper kernels need an sm90 GPU")
 def test_sixty_four_heads_run_the_warp_specialized_kernel_in_graphs(monkeypatch):
     """64 heads and a 128 + 16 latent: `triton-mla`'s preferred block size (64) gives pages the
     warp-specialized Hopper kernel takes; decode steps replay CUDA graphs; the tokens' logits
     equal the reference backend's within bf16 rounding."""
-    import attrs
-
-    from unified_attn.backends.triton.mla_ops import HOPPER_TILES
-    from unified_attn.backends.triton.mla_sm90 import is_sm90
-    from unified_attn.models.presets import MLA_PRESETS
-
-    if not is_sm90(torch.device("cuda")):
-        pytest.skip("the Hopper kernels need an sm90 GPU")
     wide = attrs.evolve(MLA_PRESETS["deepseek-v3-like"], name="mla-64-heads", num_heads=64,
                         kv_lora_rank=128)  # fmt: skip
     monkeypatch.setitem(MLA_PRESETS, "mla-64-heads", wide)

@@ -12,6 +12,7 @@ layout at launch (host values only: no device read, CUDA-graph safe).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from unified_attn.backends.triton.kernels.merge_partials import merge_mla_partials
 from unified_attn.backends.triton.kernels.mla_attention_sm90 import mla_attention_sm90_kernel
 from unified_attn.backends.triton.kernels.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel
-from unified_attn.backends.triton.ops import SM90_SHARED_BYTES, is_sm90
+from unified_attn.backends.triton.ops import SM90_SHARED_BYTES, is_sm90, rows_16_byte_aligned
 from unified_attn.utils import cdiv
 
 if TYPE_CHECKING:
@@ -82,10 +83,13 @@ def warp_specialized_fits(cache: torch.Tensor, kv_lora_rank: int, tiles: MLATile
     )
 
 
+@functools.lru_cache(maxsize=64)
 def _descriptors(cache: torch.Tensor, kv_lora_rank: int) -> tuple[TensorDescriptor, ...]:
     """TMA descriptors over the cache's rows: its latent part as [rows, L] in blocks of
     [64, L / 2] and its rope part as [rows, R] in blocks of [64, R]; row `block *
-    (block stride / row stride) + slot`."""
+    (block stride / row stride) + slot`. Kept per cache tensor (a bound cache view never
+    changes; building them took 54 µs a launch on the host, every layer of every eager step):
+    the cache holds the tensor, so its id is not reused while cached."""
     gl_dtype = gl.bfloat16 if cache.dtype == torch.bfloat16 else gl.float16
     rope_dim = cache.shape[2] - kv_lora_rank
     row = cache.stride(1)
@@ -125,9 +129,9 @@ def launch_hopper(
             f"the plan's uniform_query_len is {plan.uniform_query_len}, not 1 to "
             f"{HOPPER_MAX_QUERY_LEN} (decode or speculative verification)"
         )
-    strides = (*q.stride()[:2], *out.stride()[:2], *latent_cache.stride()[:2])
-    if any(x % 8 for x in strides) or any(t.data_ptr() % 16 for t in (q, out, latent_cache)):
-        reasons.append(f"rows are not 16-byte aligned (strides {strides})")
+    if not rows_16_byte_aligned(q, out, latent_cache):
+        strides = (q.stride()[:2], out.stride()[:2], latent_cache.stride()[:2])
+        reasons.append(f"rows of q, out or the cache are not 16-byte aligned (strides {strides})")
     if reasons:
         raise ValueError(
             f"plan.tiles: the Hopper MLA kernel cannot run this batch: {'; '.join(reasons)}; "

@@ -93,6 +93,15 @@ def is_sm90(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def rows_16_byte_aligned(*tensors: torch.Tensor) -> bool:
+    """Every tensor starts on a 16-byte boundary and its first two dims step in whole 16-byte
+    units (2-byte data: multiples of 8 elements), as 16-byte copies and TMA need."""
+    return all(
+        t.data_ptr() % 16 == 0 and all((x * t.element_size()) % 16 == 0 for x in t.stride()[:2])
+        for t in tensors
+    )
+
+
 @functools.cache
 def num_multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":

@@ -17,6 +17,7 @@ from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     is_sm90,
     num_multiprocessors,
+    rows_16_byte_aligned,
 )
 from unified_attn.utils import int_in, power_of_two
 
@@ -63,11 +64,14 @@ def sm90_eligible(q: torch.Tensor, cache: torch.Tensor, out: torch.Tensor) -> bo
     rows start on 16-byte boundaries (its copies move 16 bytes)."""
     if not is_sm90(q.device):
         return False
-    strides = (*q.stride()[:2], *out.stride()[:2], *cache.stride()[:2])
-    aligned = all(t.data_ptr() % 16 == 0 for t in (q, cache, out))
-    return (q.dtype in (torch.float16, torch.bfloat16) and q.shape[2] in SM90_WIDTHS
-            and q.stride(2) == out.stride(2) == 1 and all(x % 8 == 0 for x in strides)
-            and aligned)  # fmt: skip
+    sixteen_bit = q.dtype in (torch.float16, torch.bfloat16)
+    contiguous = q.stride(2) == out.stride(2) == 1
+    return (
+        sixteen_bit
+        and q.shape[2] in SM90_WIDTHS
+        and contiguous
+        and rows_16_byte_aligned(q, cache, out)
+    )
 
 
 def gather_config(width: int, num_heads: int) -> GatherConfig:
