@@ -4,7 +4,7 @@ paged latent cache, against a torch peer measured in the same run.
     python benchmarks/mla_decode.py [--out DIR] [--heads 128,16] [--batches 1,16,64,128]
                                     [--contexts 1024,8192,32768] [--num-segments N]
                                     [--tiles BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM]]
-                                    [--no-peers] [--no-plot] [--quick]
+                                    [--no-peers] [--no-plot] [--quick] [--l2-resident]
 
 The benchmark lives in the `mla_bench` package next to this script; its docstring describes the
 shapes, peers, timing and outputs. This script keeps the arguments, the run record and `main`.
@@ -58,6 +58,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="force the split-KV segment count (default: plan_mla decides)",
     )
     ap.add_argument("--no-peers", action="store_true", help="time ours only")
+    ap.add_argument(
+        "--l2-resident",
+        action="store_true",
+        help="diagnostic: every request reads the same 8 pages (L2 holds them), so the time is "
+        "the kernel's with DRAM latency and bandwidth taken away; TB/s then counts the bytes "
+        "as if read from DRAM",
+    )
     ap.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     args = ap.parse_args(argv)
     params = dict(QUICK if args.quick else FULL)
@@ -70,6 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 "--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]] (HOPPER 0: "
                 f"portable, 1: Hopper lockstep, 2: Hopper warp-specialized), got {tiles}"
             )
+    params["l2_resident"] = args.l2_resident
     args.params = params
     args.argv = argv
     return args

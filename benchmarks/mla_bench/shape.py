@@ -11,6 +11,8 @@ import torch
 
 from mla_bench.timing import Bench, rel_err
 
+L2_PAGES = 8  # --l2-resident: pages every request reads (8 x 64 x 576 x 2 bytes, under 1 MB)
+
 
 class Shape:
     """Random latent caches (one per rotation buffer), a permuted block table and the queries of
@@ -29,6 +31,8 @@ class Shape:
         pages = -(-ctx // self.page)
         num_blocks = batch * pages + 1  # block 0: the null block
         perm = torch.randperm(batch * pages, generator=gen) + 1
+        if p.get("l2_resident"):  # every request's pages are the same 8, which L2 holds
+            perm = (torch.arange(batch * pages) % pages % L2_PAGES) + 1
         self.block_table = perm.view(batch, pages).to(torch.int32).to(dev)
         self.rotations = bench.rotations(self.latent_bytes)
         self.caches = [

@@ -75,3 +75,27 @@ def test_quick_mode_writes_expected_json(bench, tmp_path, monkeypatch):
     assert all(v["met"] for v in data["verdicts"])
     if data["png"]:
         assert Path(data["png"]).exists()
+
+
+def test_l2_resident_reads_the_same_pages_for_every_request(bench, tmp_path):
+    # The diagnostic keeps the peers' check: they read the same (shared) pages as ours.
+    argv = ["--quick", "--batches", "2", "--contexts", "160", "--l2-resident", "--no-plot"]
+    bench.main([*argv, "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "mla_decode.json").read_text())
+    assert data["params"]["l2_resident"] is True and data["errors"] == []
+    shape = data["shapes"][0]
+    assert shape["gather_sdpa"]["vs_ours"]["ok"]
+
+
+def test_l2_resident_block_table_cycles_over_eight_pages(bench):
+    from mla_bench.config import QUICK
+    from mla_bench.shape import L2_PAGES, Shape
+    from mla_bench.timing import Bench
+
+    gen = torch.Generator().manual_seed(0)
+    params = {**QUICK, "l2_resident": True}
+    shape = Shape(Bench(torch.device("cpu")), params, 16, 3, 16 * 20, gen)
+    table = shape.block_table.cpu()
+    assert table.shape == (3, 20)
+    expected = torch.arange(20) % L2_PAGES + 1
+    assert torch.equal(table, expected.expand(3, 20).to(table.dtype))

@@ -17,7 +17,7 @@ def test_help(bench, capsys):
         bench.main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--sweep", "--configs", "--rotations", "--topk"):
+    for flag in ("--sweep", "--configs", "--rotations", "--topk", "--one-pass"):
         assert flag in text
 
 
