@@ -23,7 +23,7 @@ from unified_attn.backends.deepseek_v4 import (
 )
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
 from unified_attn.models import V4_PRESETS, DeepseekV4ForCausalLM
-from unified_attn.models.deepseek_v4_attention import merge_partials
+from unified_attn.backends.deepseek_v4_steps import GatheredRows, merge_partials
 from unified_attn.runner.worker import plan_kv_cache
 from unified_attn.tensor_specs import CompressedLatentSpec, LatentKVSpec, PagedKVSpec
 
@@ -247,6 +247,55 @@ def test_window_and_compressed_partials_merge_into_one_softmax_with_sinks():
             logits = torch.cat([keys @ q[t].T * 0.5, sinks[None]])  # [S + 1, H]
             probs = logits.softmax(0)[:-1]
             assert torch.allclose(merged[t], probs.T @ keys, atol=1e-5)
+
+
+def test_attend_layer_is_one_softmax_over_every_row_set_and_the_sinks():
+    # The window's rows (window_rows) and a second set from another cache, as the layer joins
+    # them: the same result as the dense softmax over both key sets plus the sink logit.
+    heads, dim, window = 2, 8, 5
+    swa = DeepseekV4WindowBackend(head_size=dim, dtype=F32, sliding_window=window)
+    bound = Bound(swa, [layer("swa", heads, dim, window)])
+    gen = torch.Generator().manual_seed(5)
+    latents = [torch.randn(s, dim, generator=gen) for s in SEQ]
+    sinks = torch.randn(heads, generator=gen)
+    other = torch.randn(4, 3, dim, generator=gen)  # another user's cache: 4 blocks of 3 rows
+    other[3] = float("nan")  # a block no visible row names: its bits never reach the output
+    for new in CHUNKS:
+        before = list(bound.computed)
+        common = bound.step(new)
+        n = sum(new)
+        q = torch.randn(n, heads, dim, generator=gen)
+        kv = rows(new, latents, before)
+        window_rows = swa.window_rows(bound.layers[0], q, kv)
+        blocks = torch.randint(0, 3, (n, 4), generator=gen)
+        offsets = torch.randint(0, 3, (n, 4), generator=gen)
+        visible = torch.rand(n, 4, generator=gen) > 0.3
+        blocks[:, -1], visible[:, -1] = 3, False  # the hidden NaN row
+        extra = GatheredRows(other, blocks, offsets, visible)
+        out = torch.full((n, heads * dim), float("nan"))
+        swa.attend_layer(bound.layers[0], out, q, [window_rows, extra], sinks)
+        request = torch.repeat_interleave(torch.arange(2), torch.tensor(new))
+        for t, (b, p) in enumerate(zip(request.tolist(), common.positions.tolist(), strict=True)):
+            seen = other[blocks[t], offsets[t]][visible[t]]
+            keys = torch.cat([latents[b][max(0, p - window + 1) : p + 1], seen])
+            logits = torch.cat([keys @ q[t].T * 0.5, sinks[None]])  # [S + 1, H]
+            want = logits.softmax(0)[:-1].T @ keys
+            assert torch.allclose(out[t].view(heads, dim), want, atol=1e-5)
+
+
+def test_attend_layer_refuses_bad_row_sets_and_sinks():
+    swa = DeepseekV4WindowBackend(head_size=8, dtype=F32, sliding_window=4)
+    bound = Bound(swa, [layer("swa", 2, 8, 4)])
+    bound.step([4, 4])
+    q, out = torch.zeros(8, 2, 8), torch.zeros(8, 16)
+    rows_ = swa.window_rows(bound.layers[0], q, torch.zeros(8, 8))
+    name = r"layer model\.layers\.0\.self_attn\.swa: "
+    with pytest.raises(ValueError, match=name + "attend_layer needs at least one row set"):
+        swa.attend_layer(bound.layers[0], out, q, [], torch.zeros(2))
+    with pytest.raises(ValueError, match=name + r"sinks has shape \(3,\), expected \(2,\)"):
+        swa.attend_layer(bound.layers[0], out, q, [rows_], torch.zeros(3))
+    with pytest.raises(ValueError, match=name + r"output has shape \(8, 8\)"):
+        swa.attend_layer(bound.layers[0], out[:, :8], q, [rows_], torch.zeros(2))
 
 
 # ---- bad inputs and construction -------------------------------------------------------------

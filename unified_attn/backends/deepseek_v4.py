@@ -34,18 +34,23 @@ recurrent state, so prefix-cache hits stay right-aligned like any window.
 3. `indexer.forward(layer, topk [T, index_topk] int64, q_idx, entries_idx, entries_idx,
    weights=[T, Hi])`: write the indexer entries, fill the top-k complete entries of every query
    (-1 where fewer exist).
-4. `compressed.forward(layer, out_c, q, entries, entries, lse=lse_c, topk=topk)`: write the
-   entries, attend over the selected complete ones.
-5. `swa.forward(layer, out_s, q, kv, kv, lse=lse_s)`: write the token's latent, attend over
-   the window.
+4. `compressed.select_rows(layer, q, entries, topk)`: write the entries, return the rows of
+   the selected complete ones (`GatheredRows`: the cache view, block and slot of each row,
+   visibility).
+5. `swa.window_rows(layer, q, kv)`: write the token's latent, return its window's rows.
+6. `swa.attend_layer(layer, out, q, [window rows, compressed rows], sinks)`: one softmax over
+   both sets of rows and the learned sinks (`attend_sets`, the seam a kernel backend
+   replaces).
 
-**Reading several caches.** No backend reads another's cache: each attends over its own keys
-and returns a *partial* softmax (`output` and its log-sum-exp `lse`, -inf where a query sees
-no key); the model merges the partials and the learned sinks into the one softmax transformers
-computes (split-KV attention: exact up to float rounding). The closing windows, their entries
-and their slots line up because every user enumerates them in the same order
-(`deepseek_v4_steps.closing_windows`). `forward` reads only its arguments, `self.plan` and its
-own views: no host sync.
+**Reading several caches.** Each user writes only its own cache and hands the layer the rows
+its queries read; the `swa` backend attends over every set (it reads the `compressed` user's
+view through the rows it is given, never through a registry) and folds in the sinks, which is
+transformers' single softmax. `forward` still gives one user's *partial* softmax (`output` and
+its log-sum-exp `lse`, -inf where a query sees no key), for callers that want one cache alone;
+`deepseek_v4_steps.merge_partials` joins partials with the sinks exactly (split-KV merge). The
+closing windows, their entries and their slots line up because every user enumerates them in
+the same order (`deepseek_v4_steps.closing_windows`). Nothing here reads a host value of a
+device tensor: no host sync.
 
 **Prefix hits.** A hit is a multiple of every group's block size, and block sizes are multiples
 of the rates, so the compressed caches hold every entry of the hit (entry w is written when its
@@ -73,6 +78,8 @@ from unified_attn.backends.deepseek_v4_compressed import (
     LightningIndexerBackend,
 )
 from unified_attn.backends.deepseek_v4_steps import (
+    GatheredRows,
+    attend_row_sets,
     attend_rows,
     block_size_of,
     check_tensor,
@@ -117,8 +124,10 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
     compressed_cls: ClassVar[type[AttentionBackend]] = CompressedAttentionBackend
     indexer_cls: ClassVar[type[AttentionBackend]] = LightningIndexerBackend
     compressor_cls: ClassVar[type[AttentionBackend]] = CompressorStateBackend
-    # the attention over each token's window rows (a kernel backend replaces it)
+    # the attention over each token's window rows, and the layer's attention over several
+    # users' rows with the sinks (a kernel backend replaces them)
     attend_rows = staticmethod(attend_rows)
+    attend_sets = staticmethod(attend_row_sets)
 
     def __init__(self, *, num_kv_heads: int = 1, **kwargs: Any) -> None:
         super().__init__(num_kv_heads=num_kv_heads, **kwargs)
@@ -179,23 +188,52 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
     ) -> torch.Tensor:
         """Write `key [T, D]` (the roped latents; `value` is not read) at the group's slots,
         attend with `query [T, H, D]` over each token's window into `output [T, H * D]` and
-        `lse [T, H]` (float32 keyword)."""
-        plan = self.current_plan()
-        n, heads, width = plan.num_tokens, layer.num_heads, self.head_size
+        `lse [T, H]` (float32 keyword): this user's partial softmax."""
+        n, heads, width = self.current_plan().num_tokens, layer.num_heads, self.head_size
         lse = kwargs.get("lse")
-        device = query.device
-        check_tensor(layer, "query", query, (n, heads, width), self.dtype, device)
-        check_tensor(layer, "key", key, (n, width), self.dtype, device)
-        check_tensor(layer, "output", output, (n, heads * width), self.dtype, device)
+        check_tensor(layer, "output", output, (n, heads * width), self.dtype, query.device)
         if lse is None:
             raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
-        check_tensor(layer, "lse", lse, (n, heads), torch.float32, device)
+        check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
+        rows = self.window_rows(layer, query, key)
+        out = output.view(n, heads, width)
+        self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
+                         layer.scale, out, lse)  # fmt: skip
+        return output
+
+    def window_rows(
+        self, layer: LayerConfig, query: torch.Tensor, key: torch.Tensor
+    ) -> GatheredRows:
+        """Write `key [T, D]` (this step's roped latents) at the group's slots and return the
+        rows each token of `query [T, H, D]` reads: its window of latents."""
+        plan = self.current_plan()
+        n, heads, width = plan.num_tokens, layer.num_heads, self.head_size
+        check_tensor(layer, "query", query, (n, heads, width), self.dtype, query.device)
+        check_tensor(layer, "key", key, (n, width), self.dtype, query.device)
         index = plan.groups[self.group_of_layer[layer.name]]
         cache = self.kv_caches[layer.name]  # [num_blocks, block_size, D]
         write_rows(cache, index.write_blocks, index.write_offsets, key)
-        out = output.view(n, heads, width)
-        self.attend_rows(query, cache, index.key_blocks, index.key_offsets, index.key_valid,
-                         layer.scale, out, lse)  # fmt: skip
+        return GatheredRows(cache, index.key_blocks, index.key_offsets, index.key_valid)
+
+    def attend_layer(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        row_sets: list[GatheredRows],
+        sinks: torch.Tensor,
+    ) -> torch.Tensor:
+        """The layer's attention: one softmax of `query [T, H, D]` over the rows of every set
+        (this user's `window_rows`, and the `compressed` user's `select_rows` on CSA/HCA
+        layers) plus the learned `sinks [H]`, into `output [T, H * D]`."""
+        n, heads, width = self.current_plan().num_tokens, layer.num_heads, self.head_size
+        device = query.device
+        check_tensor(layer, "query", query, (n, heads, width), self.dtype, device)
+        check_tensor(layer, "output", output, (n, heads * width), self.dtype, device)
+        check_tensor(layer, "sinks", sinks, (heads,), sinks.dtype, device)
+        if not row_sets:
+            raise ValueError(f"layer {layer.name}: attend_layer needs at least one row set")
+        self.attend_sets(query, row_sets, layer.scale, sinks, output.view(n, heads, width))
         return output
 
     def check_layer(self, layer: LayerConfig) -> None:

@@ -24,6 +24,7 @@ from unified_attn.backend import (
     LayerConfig,
 )
 from unified_attn.backends.deepseek_v4_steps import (
+    GatheredRows,
     attend_rows,
     block_size_of,
     check_tensor,
@@ -274,8 +275,9 @@ class _CompressedCacheBackend(AttentionBackend[EntryPlan]):
 
 
 class CompressedAttentionBackend(_CompressedCacheBackend):
-    """CSA/HCA: attention of every head over the request's compressed entries (all the complete
-    ones, or those a top-k selection names), as a partial softmax the model merges."""
+    """CSA/HCA: the rows of the request's compressed entries each query reads (all the complete
+    ones, or those a top-k selection names; `select_rows`), which the layer's `swa` user attends
+    over together with its window; `forward` attends over them alone (a partial softmax)."""
 
     name = "deepseek-v4-compressed"
     # the attention over each token's entry rows (a kernel backend replaces it)
@@ -293,23 +295,36 @@ class CompressedAttentionBackend(_CompressedCacheBackend):
         """Write `key` (this step's entries `[N, D]`; `value` is not read), attend with `query
         [T, H, D]` into `output [T, H * D]` and `lse [T, H]` (float32 keyword); `topk [T, k]`
         int64 (keyword, optional): the only entries each query may see, -1 = none."""
-        plan = self.current_plan()
         lse, topk = kwargs.get("lse"), kwargs.get("topk")
-        self._check_entries(layer, query, key)
-        heads, width, n = layer.num_heads, self.head_size, plan.num_tokens
+        heads, width, n = layer.num_heads, self.head_size, self.current_plan().num_tokens
         check_tensor(layer, "output", output, (n, heads * width), self.dtype, query.device)
         if lse is None:
             raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
         check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
+        rows = self.select_rows(layer, query, key, topk)
+        out = output.view(n, heads, width)
+        self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
+                         layer.scale, out, lse)  # fmt: skip
+        return output
+
+    def select_rows(
+        self,
+        layer: LayerConfig,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        topk: torch.Tensor | None = None,
+    ) -> GatheredRows:
+        """Write `key` (this step's entries `[N, D]`) and return the rows each token of `query
+        [T, H, D]` reads: every complete entry of its request, or those `topk [T, k]` (int64,
+        -1 = none) names."""
+        plan = self.current_plan()
+        self._check_entries(layer, query, key)
         index = plan.groups[self.group_of_layer[layer.name]]
+        if topk is not None:
+            check_tensor(layer, "topk", topk, (plan.num_tokens, -1), torch.int64, query.device)
         cache = self.kv_caches[layer.name]
         write_rows(cache, index.write_blocks, index.write_offsets, key)
-        if topk is not None:
-            check_tensor(layer, "topk", topk, (n, -1), torch.int64, query.device)
-        blocks, offsets, visible = entry_rows(index, plan.num_entries, topk)
-        out = output.view(n, heads, width)
-        self.attend_rows(query, cache, blocks, offsets, visible, layer.scale, out, lse)
-        return output
+        return GatheredRows(cache, *entry_rows(index, plan.num_entries, topk))
 
 
 def entry_rows(

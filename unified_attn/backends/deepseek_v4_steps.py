@@ -1,8 +1,9 @@
 """Host-side step layout and plain-torch math shared by DeepSeek-V4's cache users
 (`backends/deepseek_v4.py` states the contract).
 
-Everything here that takes `common` runs in `prep_forward` (host work); `partial_attention` and
-`write_rows` only read device tensors and run in `forward`.
+Everything here that takes `common` runs in `prep_forward` (host work); `partial_attention`,
+`write_rows`, `attend_rows` and `attend_row_sets` only read device tensors and run in `forward`
+(or the layer's one attention, `DeepseekV4WindowBackend.attend_layer`).
 """
 
 from __future__ import annotations
@@ -103,6 +104,18 @@ def block_size_of(
 # ---- device math (forward) -------------------------------------------------------------------
 
 
+@attrs.frozen
+class GatheredRows:
+    """The cache rows each query token reads from one cache user: `cache [num_blocks,
+    block_size, D]` (the user's bound view; key = value) at `blocks [T, S]`, `offsets [T, S]`
+    (int64 or int32, one dtype), where `visible [T, S]` (bool)."""
+
+    cache: torch.Tensor
+    blocks: torch.Tensor
+    offsets: torch.Tensor
+    visible: torch.Tensor
+
+
 def write_rows(
     cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor
 ) -> None:
@@ -147,6 +160,44 @@ def attend_rows(
     `compressed` users run, and the seam a kernel backend replaces (same signature:
     `triton.v4_ops.gathered_attention`)."""
     partial_attention(q, cache[blocks, offsets], visible, scale, out, lse)
+
+
+def merge_partials(
+    partials: list[tuple[torch.Tensor, torch.Tensor]], sinks: torch.Tensor
+) -> torch.Tensor:
+    """One softmax over the union of the partials' keys plus one sink logit per head (mass
+    without a value): partials `(out [T, H, D], lse [T, H])`, `sinks [H]` -> `[T, H, D]`
+    float32. A partial with no key has lse -inf and weighs nothing."""
+    sink = sinks.float()
+    lses = torch.stack([lse for _, lse in partials])  # [P, T, H]
+    top = torch.maximum(lses.amax(0), sink)  # finite: the sink is
+    weights = torch.exp(lses - top)
+    total = weights.sum(0) + torch.exp(sink - top)
+    out = torch.zeros_like(partials[0][0], dtype=torch.float32)
+    for weight, (partial, _) in zip(weights, partials, strict=True):
+        out += weight[:, :, None] * partial.float()
+    return out / total[:, :, None]
+
+
+def attend_row_sets(
+    q: torch.Tensor,
+    row_sets: list[GatheredRows],
+    scale: float,
+    sinks: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """The V4 layer's attention: one softmax of q `[T, H, D]` over every set's rows plus the
+    learned `sinks [H]` (a logit per head without a value), into `out [T, H, D]` (q's dtype).
+    Computed as transformers does it in effect: a partial softmax per set (`attend_rows`, each
+    output rounded to q's dtype), merged in float32 (`merge_partials`). The seam a kernel
+    backend replaces (same signature: `triton.v4_ops.gathered_attention_sets`)."""
+    partials = []
+    for rows in row_sets:
+        part = torch.empty_like(q)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        attend_rows(q, rows.cache, rows.blocks, rows.offsets, rows.visible, scale, part, lse)
+        partials.append((part, lse))
+    out.copy_(merge_partials(partials, sinks).to(out.dtype))
 
 
 def check_tensor(

@@ -4,8 +4,9 @@ of the cache users' partial softmaxes with the sinks, and the grouped output pro
 
 The attention layer owns several *cache users* (`CacheUser`: a `LayerConfig` named
 `model.layers.i.self_attn.<user>` and its backend instance); `unified_attn.backends.deepseek_v4`
-states what each backend's `forward` takes. Each returns a partial softmax over its own cache;
-`merge_partials` joins them with the learned sinks into transformers' single softmax.
+states what each backend takes. The `swa` user and (CSA/HCA) the `compressed` user each write
+their rows and return the rows every query reads; the `swa` backend's `attend_layer` runs one
+softmax over both sets and the learned sinks, as transformers does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from unified_attn.models.layers import RMSNorm
 from unified_attn.models.rope import rope_attention_scaling, rope_inv_freq
 
 if TYPE_CHECKING:
+    from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
+    from unified_attn.backends.deepseek_v4_compressed import CompressedAttentionBackend
+    from unified_attn.backends.deepseek_v4_steps import GatheredRows
     from unified_attn.models.deepseek_v4 import DeepseekV4Config
 
 SLIDING, CSA, HCA = (
@@ -59,26 +63,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     turned = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
     rotated = (rope.float() * cos + turned.float() * sin).to(x.dtype)
     return torch.cat([nope, rotated], dim=-1)
-
-
-def merge_partials(
-    partials: list[tuple[torch.Tensor, torch.Tensor]], sinks: torch.Tensor
-) -> torch.Tensor:
-    """One softmax over the union of the partials' keys plus one sink logit per head (mass
-    without a value): partials `(out [T, H, D], lse [T, H])`, `sinks [H]` -> `[T, H, D]`
-    float32. A partial with no key has lse -inf and weighs nothing."""
-    sink = sinks.float()
-    lses = torch.stack([lse for _, lse in partials])  # [P, T, H]
-    top = torch.maximum(lses.amax(0), sink)  # finite: the sink is
-    weights = torch.exp(lses - top)
-    total = weights.sum(0) + torch.exp(sink - top)
-    out = torch.zeros_like(partials[0][0], dtype=torch.float32)
-    for weight, (partial, _) in zip(weights, partials, strict=True):
-        out += weight[:, :, None] * partial.float()
-    return out / total[:, :, None]
-
-
-# ---- compressors and the indexer ---------------------------------------------------------------
 
 
 class WindowCompressor(nn.Module):
@@ -176,26 +160,22 @@ class Compressor(WindowCompressor):
         if sparse:
             self.indexer = LightningIndexer(config, users["indexer_compressor"], users["indexer"])
 
-    def attend(
+    def rows(
         self,
         hidden: torch.Tensor,
         q: torch.Tensor,
         q_residual: torch.Tensor,
         rope: Any,
         cos_sin: CosSin,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The partial `(out [T, H, D], lse [T, H])` over the selected compressed entries."""
+    ) -> GatheredRows:
+        """This step's entries written, and the compressed rows each query reads (CSA: those
+        the indexer selects)."""
         entries = self(hidden, rope)
         topk = None
         if self.indexer is not None:
             topk = self.indexer.select(hidden, q_residual, rope, cos_sin)
-        num_tokens, heads, dim = q.shape
-        out = q.new_empty(num_tokens, heads * dim)
-        lse = torch.empty(num_tokens, heads, dtype=torch.float32, device=q.device)
-        self.entries.backend.forward(
-            self.entries.layer, out, q, entries, entries, lse=lse, topk=topk
-        )
-        return out.view(num_tokens, heads, dim), lse
+        backend = cast("CompressedAttentionBackend", self.entries.backend)
+        return backend.select_rows(self.entries.layer, q, entries, topk)
 
 
 # ---- the attention layer ---------------------------------------------------------------------
@@ -308,21 +288,17 @@ class DeepseekV4Attention(nn.Module):
         q = self.q_b_proj(q_residual).view(num_tokens, self.heads, self.dim)
         q = apply_rope(unweighted_rms(q, self.eps), cos, sin)
         kv = apply_rope(self.kv_norm(self.kv_proj(hidden)), cos, sin)  # [T, D]
-        partials = [self._window(q, kv)]
+        swa = self.users["swa"]
+        window = cast("DeepseekV4WindowBackend", swa.backend)
+        row_sets = [window.window_rows(swa.layer, q, kv)]
         if self.compressor is not None:
 
             def rope(at: torch.Tensor) -> CosSin:
                 return rotary.cos_sin("compress", at, dtype)
 
-            partials.append(self.compressor.attend(hidden, q, q_residual, rope, (cos, sin)))
-        out = merge_partials(partials, self.sinks).to(dtype)  # [T, H, D]
-        out = apply_rope(out, cos, -sin)  # undo the keys' rotation carried by the values
+            row_sets.append(self.compressor.rows(hidden, q, q_residual, rope, (cos, sin)))
+        out = q.new_empty(num_tokens, self.heads * self.dim)
+        window.attend_layer(swa.layer, out, q, row_sets, self.sinks)
+        out = apply_rope(out.view(q.shape), cos, -sin)  # undo the rotation the values carry
         grouped = self.o_a_proj(out.reshape(num_tokens, self.groups, -1)).flatten(1)
         return cast(torch.Tensor, self.o_b_proj(grouped))
-
-    def _window(self, q: torch.Tensor, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        user = self.users["swa"]
-        out = q.new_empty(q.shape[0], self.heads * self.dim)
-        lse = torch.empty(q.shape[0], self.heads, dtype=torch.float32, device=q.device)
-        user.backend.forward(user.layer, out, q, kv, kv, lse=lse)
-        return out.view(q.shape), lse
