@@ -21,9 +21,9 @@ from unified_attn.backends.deepseek_v4 import (
     DeepseekV4WindowBackend,
     LightningIndexerBackend,
 )
+from unified_attn.backends.deepseek_v4_steps import GatheredRows, merge_partials
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
 from unified_attn.models import V4_PRESETS, DeepseekV4ForCausalLM
-from unified_attn.backends.deepseek_v4_steps import GatheredRows, merge_partials
 from unified_attn.runner.worker import plan_kv_cache
 from unified_attn.tensor_specs import CompressedLatentSpec, LatentKVSpec, PagedKVSpec
 

@@ -11,7 +11,11 @@ import torch
 from tests.models.hf_models import save_hf_model
 from tests.models.test_deepseek_v4_hf import MEMORY, make_v4
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.backends.deepseek_v4_steps import partial_attention
+from unified_attn.backends.deepseek_v4_steps import (
+    GatheredRows,
+    attend_row_sets,
+    partial_attention,
+)
 from unified_attn.backends.triton.deepseek_v4_backend import (
     TritonCompressedAttentionBackend,
     TritonDeepseekV4Backend,
@@ -21,6 +25,7 @@ from unified_attn.backends.triton.v4_ops import (
     GatherConfig,
     Sm90GatherConfig,
     gathered_attention,
+    gathered_attention_sets,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,6 +44,50 @@ def gathered_case(seed, tokens, heads, width, num_blocks, block_size, rows, dtyp
     valid[2] = False
     return q, cache, blocks, offsets, valid
 
+
+
+def row_sets_case(seed, tokens, heads, width, dtype, rows=(20, 45)):
+    """Two sets of rows from two caches of different block sizes (a window cache and a
+    compressed cache, as a CSA layer hands them over): each about 70% visible, a stale NaN row
+    nobody sees, and token 2 sees nothing in either set (its output is 0: the sink's)."""
+    q, window, w_blocks, w_offsets, w_valid = gathered_case(seed, tokens, heads, width, 12, 8,
+                                                            rows[0], dtype)  # fmt: skip
+    _, entries, c_blocks, c_offsets, c_valid = gathered_case(seed + 1, tokens, heads, width, 9,
+                                                             4, rows[1], dtype)  # fmt: skip
+    return q, [GatheredRows(window, w_blocks, w_offsets, w_valid),
+               GatheredRows(entries, c_blocks, c_offsets, c_valid)]  # fmt: skip
+
+
+@pytest.mark.parametrize("sets", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_layer_attention_over_row_sets_matches_the_reference(sets, dtype):
+    tokens, heads, width = 5, 20, 64
+    q, row_sets = row_sets_case(3, tokens, heads, width, dtype)
+    row_sets = row_sets[:sets]
+    sinks = torch.randn(heads, generator=torch.Generator().manual_seed(9)) * 3
+    on_device = [GatheredRows(*(t.to(DEVICE) for t in (r.cache, r.blocks, r.offsets, r.visible)))
+                 for r in row_sets]  # fmt: skip
+    out = torch.full_like(q, float("nan"), device=DEVICE)
+    gathered_attention_sets(q.to(DEVICE), on_device, 0.125, sinks.to(DEVICE), out)
+    want = torch.empty(tokens, heads, width)
+    attend_row_sets(q.float(), [GatheredRows(r.cache.float(), r.blocks, r.offsets, r.visible)
+                                for r in row_sets], 0.125, sinks, want)  # fmt: skip
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(out.cpu().float(), want, rtol=tol, atol=tol)
+    assert (out[2] == 0).all()
+
+
+def test_the_layer_attention_refuses_bad_sets_and_sinks():
+    q, row_sets = row_sets_case(3, 4, 8, 64, torch.float32)
+    out = torch.empty_like(q)
+    with pytest.raises(ValueError, match="at least one set of rows"):
+        gathered_attention_sets(q, [], 0.1, torch.zeros(8), out)
+    with pytest.raises(ValueError, match=r"sinks \[8\] on cpu, got \(4, 8, 64\) and \(3,\)"):
+        gathered_attention_sets(q, row_sets, 0.1, torch.zeros(3), out)
+    bad = GatheredRows(row_sets[1].cache, row_sets[1].blocks, row_sets[1].offsets,
+                       row_sets[1].visible.int())  # fmt: skip
+    with pytest.raises(ValueError, match=r"visible must be torch\.bool"):
+        gathered_attention_sets(q, [row_sets[0], bad], 0.1, torch.zeros(8), out)
 
 @pytest.mark.parametrize(
     ("dtype", "index_dtype", "config"),

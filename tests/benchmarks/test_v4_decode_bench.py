@@ -17,7 +17,7 @@ def test_help(bench, capsys):
         bench.main(["--help"])
     assert exc.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--sweep", "--configs", "--rotations", "--topk", "--one-pass"):
+    for flag in ("--sweep", "--configs", "--rotations", "--topk"):
         assert flag in text
 
 

@@ -9,11 +9,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.backends.test_v4_triton import gathered_case
+from tests.backends.test_v4_triton import gathered_case, row_sets_case
+from tests.gpu.graphs import assert_replay_equals_eager, capture
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.backends.deepseek_v4_steps import partial_attention
+from unified_attn.backends.deepseek_v4_steps import (
+    GatheredRows,
+    attend_row_sets,
+    partial_attention,
+)
+from unified_attn.backends.triton import v4_ops
 from unified_attn.backends.triton.deepseek_v4_backend import TritonDeepseekV4Backend
-from unified_attn.backends.triton.v4_ops import Sm90GatherConfig, gathered_attention, sm90_eligible
+from unified_attn.backends.triton.v4_ops import (
+    Sm90GatherConfig,
+    gathered_attention,
+    gathered_attention_sets,
+    sm90_eligible,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -89,3 +100,49 @@ def test_a_hopper_configuration_beyond_shared_memory_is_refused_with_the_reason(
     with pytest.raises(ValueError, match=r"bytes of shared memory .* use fewer stages"):
         gathered_attention(q.cuda(), cache.cuda(), blocks.cuda(), offsets.cuda(), valid.cuda(),
                            0.1, out, lse, Sm90GatherConfig(64, 3))  # fmt: skip
+
+
+def sets_on_gpu(row_sets: list[GatheredRows]) -> list[GatheredRows]:
+    return [GatheredRows(*(t.cuda() for t in (r.cache, r.blocks, r.offsets, r.visible)))
+            for r in row_sets]  # fmt: skip
+
+
+@sm90
+@pytest.mark.parametrize(
+    ("tokens", "heads", "width", "rows", "dtype"),
+    [
+        (6, 64, 512, (128, 512), torch.bfloat16),  # V4's decode lists, two programs per token
+        (6, 64, 512, (128,), torch.bfloat16),  # a sliding-only layer: one set
+        (80, 64, 512, (128, 200), torch.bfloat16),  # one program per token (2 x 80 > the SMs)
+        (6, 20, 512, (100, 70), torch.bfloat16),  # padded heads; lists end inside a tile
+        (6, 128, 256, (64, 130), torch.float16),  # two head groups
+        (6, 64, 128, (0, 90), torch.float16),  # an empty first list
+    ],
+)
+def test_the_layer_attention_is_one_launch_equal_to_the_reference(tokens, heads, width, rows,
+                                                                   dtype, monkeypatch):  # fmt: skip
+    q, row_sets = row_sets_case(5, tokens, heads, width, dtype, rows + (1,) * (2 - len(rows)))
+    row_sets = row_sets[: len(rows)]
+    row_sets[0].visible[4, 64:] = False  # whole tiles hidden
+    sinks = torch.randn(heads, generator=torch.Generator().manual_seed(2)) * 3
+    sinks[0], sinks[1] = 40.0, -40.0  # a sink that takes (almost) all the mass, one that none
+    monkeypatch.setattr(v4_ops, "gathered_attention", None)  # the per-set path would fail
+    gpu_sets, out = sets_on_gpu(row_sets), torch.empty_like(q).cuda()
+    gathered_attention_sets(q.cuda(), gpu_sets, width**-0.5, sinks.cuda(), out)
+    want = torch.empty(tokens, heads, width)
+    attend_row_sets(q.float(), [GatheredRows(r.cache.float(), r.blocks, r.offsets, r.visible)
+                                for r in row_sets], width**-0.5, sinks, want)  # fmt: skip
+    torch.testing.assert_close(out.cpu().float(), want, rtol=2e-2, atol=2e-2)
+    assert (out[2] == 0).all()  # token 2 sees no row: only the sink
+
+
+@sm90
+def test_the_one_launch_layer_attention_replays_in_a_cuda_graph():
+    q, row_sets = row_sets_case(6, 8, 64, 512, torch.bfloat16, (128, 512))
+    q, gpu_sets, out = q.cuda(), sets_on_gpu(row_sets), torch.empty_like(q).cuda()
+    sinks = torch.randn(64, device="cuda")
+
+    def step() -> None:
+        gathered_attention_sets(q, gpu_sets, 512**-0.5, sinks, out)
+
+    assert_replay_equals_eager(capture(step), step, out, "the layer attention over two sets")

@@ -1,8 +1,9 @@
-"""DeepSeek-V4 on the Triton kernels: the `swa` window and the compressed-entry attention run
-`gathered_attention` (one program per token and head group over the token's own rows, a
-partial softmax with its log-sum-exp, as the reference backends return). Only the attention
-seam `attend_rows` changes: caches, managers, plans, checks, cache writes and the other cache
-users (compressor, lightning indexer) are the reference backends'.
+"""DeepSeek-V4 on the Triton kernels: the layer's attention over the `swa` window and the
+selected compressed entries runs `gathered_attention_sets` (on an sm90 GPU one launch over both
+sets of rows with the sinks in its softmax), and each user's own partial softmax
+`gathered_attention`. Only the attention seams `attend_rows` and `attend_sets` change: caches,
+managers, plans, checks, cache writes and the other cache users (compressor, lightning
+indexer) are the reference backends'.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from unified_attn.backend import AttentionBackend
 from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
 from unified_attn.backends.deepseek_v4_compressed import CompressedAttentionBackend
 from unified_attn.backends.triton.ops import platform_reasons
-from unified_attn.backends.triton.v4_ops import gathered_attention
+from unified_attn.backends.triton.v4_ops import gathered_attention, gathered_attention_sets
 from unified_attn.selector import SelectorConfig, register_backend
 
 
@@ -32,6 +33,7 @@ class TritonDeepseekV4Backend(DeepseekV4WindowBackend):
     name = "triton-deepseek-v4"
     compressed_cls: ClassVar[type[AttentionBackend]] = TritonCompressedAttentionBackend
     attend_rows = staticmethod(gathered_attention)
+    attend_sets = staticmethod(gathered_attention_sets)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:

@@ -1,5 +1,6 @@
-"""Launcher of the gathered shared-KV attention kernel (DeepSeek-V4's window and compressed
-caches): `gathered_attention`."""
+"""Launchers of the gathered shared-KV attention kernels (DeepSeek-V4's window and compressed
+caches): `gathered_attention` (one set of rows, a partial softmax) and
+`gathered_attention_sets` (the layer's one softmax over several sets and the sinks)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import attrs
 import torch
 import triton
 
+from unified_attn.backends.deepseek_v4_steps import GatheredRows, merge_partials
 from unified_attn.backends.triton.kernels.gathered_attention import gathered_attention_kernel
 from unified_attn.backends.triton.kernels.gathered_attention_sm90 import (
     gathered_attention_sm90_kernel,
@@ -105,30 +107,7 @@ def gathered_attention(
     data the Hopper kernel runs (`sm90_eligible`), elsewhere the portable one; `config` picks
     one and its configuration (benchmarks/v4_decode.py --sweep)."""
     num_tokens, num_heads, width = q.shape
-    if q.dtype not in SUPPORTED_DTYPES or cache.dtype != q.dtype or out.dtype != q.dtype:
-        raise ValueError(
-            f"gathered attention: q, cache and out must share one dtype of {SUPPORTED_DTYPES}, "
-            f"got {q.dtype}, {cache.dtype}, {out.dtype}"
-        )
-    if cache.dim() != 3 or cache.shape[2] != width or cache.stride(2) != 1:
-        raise ValueError(
-            f"gathered attention: cache must be [num_blocks, block_size, {width}] with "
-            f"contiguous features, got {tuple(cache.shape)} strides {cache.stride()}"
-        )
-    if width < 16 or width & (width - 1):
-        raise ValueError(f"gathered attention: head size {width} is not a power of two >= 16")
-    lists = (blocks, offsets, visible)
-    if any(t.shape != blocks.shape or t.dim() != 2 or t.shape[0] != num_tokens for t in lists):
-        raise ValueError(
-            f"gathered attention: blocks, offsets and visible must be [{num_tokens}, S], got "
-            f"{[tuple(t.shape) for t in lists]}"
-        )
-    kinds = (blocks.dtype, offsets.dtype, visible.dtype)
-    if kinds[0] not in INDEX_DTYPES or kinds[1] != kinds[0] or kinds[2] != torch.bool:
-        raise ValueError(
-            f"gathered attention: blocks and offsets must share one dtype of {INDEX_DTYPES} and "
-            f"visible must be torch.bool, got {kinds}"
-        )
+    blocks, offsets, valid = checked_rows(q, cache, blocks, offsets, visible, out)
     if out.shape != q.shape or lse.shape != (num_tokens, num_heads) or lse.dtype != torch.float32:
         raise ValueError(
             f"gathered attention: out must be {tuple(q.shape)} and lse [{num_tokens}, "
@@ -136,8 +115,6 @@ def gathered_attention(
         )
     if num_tokens == 0:
         return
-    blocks, offsets = blocks.contiguous(), offsets.contiguous()  # no copy when they are
-    valid = visible.contiguous().view(torch.uint8)
     q = q if q.stride(-1) == 1 else q.contiguous()
     if blocks.shape[1] == 0:  # no row for any token
         out.zero_()
@@ -175,9 +152,10 @@ def gathered_attention(
             num_rows, segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             cache.stride(0), cache.stride(1), blocks.stride(0))  # fmt: skip
     if isinstance(cfg, Sm90GatherConfig):
+        no_list_b = (0, blocks, offsets, valid, 0, 0, 0, 0, lse)  # TWO_LISTS / SINKS only
         gathered_attention_sm90_kernel[grid](
-            *args, D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=splits > 1,
-            HALVES=halves, num_warps=8,
+            *args, *no_list_b, D=width, TILE=cfg.tile, STAGES=cfg.num_stages,
+            SPLIT=splits > 1, HALVES=halves, num_warps=8,
         )  # fmt: skip
     else:
         gathered_attention_kernel[grid](
@@ -191,6 +169,103 @@ def gathered_attention(
             out, lse, part_out, part_lse, num_heads, splits, out.stride(0), out.stride(1),
             D=width, PARTS_PAD=triton.next_power_of_2(splits), WRITE_LSE=True,
         )  # fmt: skip
+
+
+def checked_rows(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    visible: torch.Tensor,
+    out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lists of one set of rows as the kernels read them (contiguous blocks and offsets,
+    visibility as uint8), after checking them against `q [T, H, D]`, the cache and `out`;
+    ValueError naming what is wrong."""
+    num_tokens, _, width = q.shape
+    if q.dtype not in SUPPORTED_DTYPES or cache.dtype != q.dtype or out.dtype != q.dtype:
+        raise ValueError(
+            f"gathered attention: q, cache and out must share one dtype of {SUPPORTED_DTYPES}, "
+            f"got {q.dtype}, {cache.dtype}, {out.dtype}"
+        )
+    if cache.dim() != 3 or cache.shape[2] != width or cache.stride(2) != 1:
+        raise ValueError(
+            f"gathered attention: cache must be [num_blocks, block_size, {width}] with "
+            f"contiguous features, got {tuple(cache.shape)} strides {cache.stride()}"
+        )
+    if width < 16 or width & (width - 1):
+        raise ValueError(f"gathered attention: head size {width} is not a power of two >= 16")
+    lists = (blocks, offsets, visible)
+    if any(t.shape != blocks.shape or t.dim() != 2 or t.shape[0] != num_tokens for t in lists):
+        raise ValueError(
+            f"gathered attention: blocks, offsets and visible must be [{num_tokens}, S], got "
+            f"{[tuple(t.shape) for t in lists]}"
+        )
+    kinds = (blocks.dtype, offsets.dtype, visible.dtype)
+    if kinds[0] not in INDEX_DTYPES or kinds[1] != kinds[0] or kinds[2] != torch.bool:
+        raise ValueError(
+            f"gathered attention: blocks and offsets must share one dtype of {INDEX_DTYPES} and "
+            f"visible must be torch.bool, got {kinds}"
+        )
+    # no copy when they are contiguous already
+    return blocks.contiguous(), offsets.contiguous(), visible.contiguous().view(torch.uint8)
+
+
+def gathered_attention_sets(
+    q: torch.Tensor,
+    row_sets: list[GatheredRows],
+    scale: float,
+    sinks: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """One softmax of `q [T, H, D]` over every set's rows plus the learned `sinks [H]` (a logit
+    per head without a value), into `out [T, H, D]` (q's dtype): DeepSeek-V4's layer attention,
+    the same result as `deepseek_v4_steps.attend_row_sets`. On an sm90 GPU with 16-bit data,
+    one or two sets run as one launch of the Hopper kernel (list A's tiles, then list B's, one
+    online softmax, the sinks folded into its denominator: no partials, no merge); otherwise
+    each set runs `gathered_attention` and the partials are merged with the sinks."""
+    num_tokens, num_heads, width = q.shape
+    if not row_sets:
+        raise ValueError("gathered attention: at least one set of rows is needed")
+    if out.shape != q.shape or sinks.shape != (num_heads,) or sinks.device != q.device:
+        raise ValueError(
+            f"gathered attention: out must be {tuple(q.shape)} and sinks [{num_heads}] on "
+            f"{q.device}, got {tuple(out.shape)} and {tuple(sinks.shape)} on {sinks.device}"
+        )
+    lists = [checked_rows(q, r.cache, r.blocks, r.offsets, r.visible, out) for r in row_sets]
+    if num_tokens == 0:
+        return
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    one_launch = (
+        len(row_sets) <= 2
+        and all(sm90_eligible(q, r.cache, out) for r in row_sets)
+        and len({blocks.dtype for blocks, _, _ in lists}) == 1
+    )
+    if not one_launch:
+        partials = []
+        for r in row_sets:
+            part = torch.empty_like(q)
+            lse = torch.empty(num_tokens, num_heads, dtype=torch.float32, device=q.device)
+            gathered_attention(q, r.cache, r.blocks, r.offsets, r.visible, scale, part, lse)
+            partials.append((part, lse))
+        out.copy_(merge_partials(partials, sinks).to(out.dtype))
+        return
+    cfg = Sm90GatherConfig()
+    groups = triton.cdiv(num_heads, 64)
+    halves = 2 if 2 * num_tokens * groups <= num_multiprocessors(q.device) else 1
+    (blocks, offsets, valid), cache = lists[0], row_sets[0].cache
+    b_blocks, b_offsets, b_valid = lists[-1]
+    b_cache = row_sets[-1].cache
+    b_cache_off = (b_cache.data_ptr() - cache.data_ptr()) // cache.element_size()
+    gathered_attention_sm90_kernel[(groups * halves, 1, num_tokens)](
+        out, sinks, q, cache, blocks, offsets, valid, out, sinks, scale, num_heads,
+        blocks.shape[1], blocks.shape[1], q.stride(0), q.stride(1), out.stride(0),
+        out.stride(1), cache.stride(0), cache.stride(1), blocks.stride(0),
+        b_cache_off, b_blocks, b_offsets, b_valid, b_blocks.shape[1], b_cache.stride(0),
+        b_cache.stride(1), b_blocks.stride(0), sinks,
+        D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=False, HALVES=halves,
+        TWO_LISTS=len(row_sets) == 2, SINKS=True, num_warps=8,
+    )  # fmt: skip
 
 
 def auto_splits(programs: int, num_rows: int, tile: int, device: torch.device) -> int:

@@ -1,9 +1,16 @@
 """Hopper (sm90) version of the gathered shared-KV attention kernel, written in Gluon.
 
-Same contract as `gathered_attention_kernel` (gathered_attention.py), same arguments: each query
-token attends over its own list of cache rows (key = value, one KV head of D features) as a
-partial softmax, optionally over one split of the list (SPLIT: the partials are merged by
-`merge_partials_kernel`).
+Same contract as `gathered_attention_kernel` (gathered_attention.py), same first arguments: each
+query token attends over its own list of cache rows (key = value, one KV head of D features) as
+a partial softmax, optionally over one split of the list (SPLIT: the partials are merged by
+`merge_partials_kernel`). Two options make it DeepSeek-V4's whole layer attention in one launch
+(`v4_ops.gathered_attention_sets`):
+- TWO_LISTS: after list A's tiles it walks a second list B, whose rows live in another cache
+  (its offset from `cache_ptr` in elements, its own strides): the list, cache offset and
+  strides of each tile are chosen per tile, so both lists' rows go through the same ring and
+  one online softmax;
+- SINKS: one more logit per head without a value joins the softmax's denominator, and the
+  output is final (no log-sum-exp is stored).
 
 Why a second kernel: at DeepSeek-V4's decode shape (64 heads of 512) the Triton kernel cannot use
 the Hopper tensor-core instructions well. With 32 heads per program the compiler falls back to
@@ -51,25 +58,63 @@ NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
 
 
 @gluon.jit
-def _entries(blocks_ptr, offsets_ptr, valid_ptr, idx, end):
-    """Issue the loads of the list entries `idx` (visibility, block, slot; entries past `end`
-    read as hidden). Nothing here uses the loaded values, so no thread waits for them until
-    `_gather` does, an iteration later."""
-    in_list = idx < end
-    valid = gl.load(valid_ptr + idx, mask=in_list, other=0)
-    block = gl.load(blocks_ptr + idx, mask=in_list, other=0)
-    slot = gl.load(offsets_ptr + idx, mask=in_list, other=0)
-    return valid, block, slot
+def _source(j, tiles_a, list_a, list_b, TILE: gl.constexpr, TWO_LISTS: gl.constexpr):
+    """Where tile j of the lists' concatenation (list A's tiles, then list B's) reads: its
+    list's entry pointers, the tile's first entry, the list's end and its rows' addressing. A
+    list is `(blocks, offsets, valid, start, end, cache offset, block stride, slot stride)`:
+    entry pointers of this token, the first entry and the end of the part it walks (a split's
+    segment for list A), and the element offset of its cache from `cache_ptr` with the cache's
+    strides."""
+    if TWO_LISTS:
+        in_a = j < tiles_a
+        first = gl.where(in_a, list_a[3] + j * TILE, (j - tiles_a) * TILE)
+        return (
+            gl.where(in_a, list_a[0], list_b[0]),
+            gl.where(in_a, list_a[1], list_b[1]),
+            gl.where(in_a, list_a[2], list_b[2]),
+            first,
+            gl.where(in_a, list_a[4], list_b[4]),
+            gl.where(in_a, list_a[5], list_b[5]),
+            gl.where(in_a, list_a[6], list_b[6]),
+            gl.where(in_a, list_a[7], list_b[7]),
+        )
+    else:
+        return (list_a[0], list_a[1], list_a[2], list_a[3] + j * TILE, list_a[4], list_a[5],
+                list_a[6], list_a[7])  # fmt: skip
 
 
 @gluon.jit
-def _gather(cache_ptr, entries, stride_cb, stride_cs, dims, buf):
+def _entries(src, idx):
+    """Issue the loads of a tile's list entries (visibility, block, slot; entries past the
+    list's end read as hidden) and pass on its rows' addressing. Nothing here uses the loaded
+    values, so no thread waits for them until `_gather` does, an iteration later."""
+    blocks_ptr, offsets_ptr, valid_ptr, first, end, cache_off, stride_cb, stride_cs = src
+    entry = first + idx
+    in_list = entry < end
+    valid = gl.load(valid_ptr + entry, mask=in_list, other=0)
+    block = gl.load(blocks_ptr + entry, mask=in_list, other=0)
+    slot = gl.load(offsets_ptr + entry, mask=in_list, other=0)
+    return valid, block, slot, cache_off, stride_cb, stride_cs
+
+
+@gluon.jit
+def _visible(src, cols):
+    """A tile's visibility (uint8) in the score columns' layout."""
+    entry = src[3] + cols
+    return gl.load(src[2] + entry, mask=entry < src[4], other=0)
+
+
+@gluon.jit
+def _gather(cache_ptr, entries, dims, buf):
     """Asynchronous copy of the rows the `entries` name into `buf`; hidden rows are
     zero-filled."""
-    valid, block, slot = entries
+    valid, block, slot, cache_off, stride_cb, stride_cs = entries
     seen = valid != 0
-    row_off = gl.where(seen, block.to(gl.int64) * stride_cb + slot.to(gl.int64) * stride_cs, 0)
-    ptrs = cache_ptr + gl.expand_dims(row_off, 1) + gl.expand_dims(dims, 0)
+    row = cache_off + block.to(gl.int64) * stride_cb + slot.to(gl.int64) * stride_cs
+    # Rows start on 16-byte boundaries (the launcher checks every cache): the compiler cannot
+    # see it through the per-tile choice of list, and its 16-byte copies need it.
+    row = gl.multiple_of(gl.where(seen, row, 0), 8)
+    ptrs = cache_ptr + gl.expand_dims(row, 1) + gl.expand_dims(dims, 0)
     mask = gl.expand_dims(seen, 1) & gl.expand_dims(dims >= 0, 0)
     async_copy.async_copy_global_to_shared(buf, ptrs, mask=mask)
 
@@ -92,9 +137,9 @@ def _softmax(qk, visible, qk_scale, m_i, l_acc):
 @gluon.jit
 def gathered_attention_sm90_kernel(
     out_ptr,  # [T, H, D] query dtype
-    lse_ptr,  # [T, H] float32
+    lse_ptr,  # [T, H] float32 (not written with SINKS)
     q_ptr,  # [T, H, D]
-    cache_ptr,  # [num_blocks, block_size, D], contiguous features
+    cache_ptr,  # list A's cache [num_blocks, block_size, D], contiguous features
     blocks_ptr,  # [T, S] int32 or int64
     offsets_ptr,  # [T, S] int32 or int64
     valid_ptr,  # [T, S] uint8
@@ -111,11 +156,22 @@ def gathered_attention_sm90_kernel(
     stride_cb,
     stride_cs,
     stride_it,
+    b_cache_off,  # TWO_LISTS: list B's cache, in elements from cache_ptr (int64)
+    b_blocks_ptr,  # TWO_LISTS: list B, [T, S_B], the dtype of list A's
+    b_offsets_ptr,
+    b_valid_ptr,
+    b_rows,  # S_B
+    b_stride_cb,
+    b_stride_cs,
+    b_stride_it,
+    sinks_ptr,  # SINKS: [H], one logit per head (natural log units)
     D: gl.constexpr,
     TILE: gl.constexpr,
     STAGES: gl.constexpr,
     SPLIT: gl.constexpr,
     HALVES: gl.constexpr,  # 2: two programs per token and head group, each with D / 2 outputs
+    TWO_LISTS: gl.constexpr = False,  # one softmax over list A, then list B (no SPLIT)
+    SINKS: gl.constexpr = False,  # the sinks join the softmax; the output is final (no SPLIT)
 ):
     BH: gl.constexpr = 64  # heads per program: the wgmma M side
     OUT: gl.constexpr = D // HALVES  # output features of this program
@@ -151,10 +207,16 @@ def gathered_attention_sm90_kernel(
     t = gl.program_id(2).to(gl.int64)
     begin = split * segment
     end = gl.minimum(begin + segment, num_rows)
-    num_tiles = gl.cdiv(end - begin, TILE)
-    blocks_ptr += t * stride_it
-    offsets_ptr += t * stride_it
-    valid_ptr += t * stride_it
+    tiles_a = gl.cdiv(end - begin, TILE)
+    list_a = (blocks_ptr + t * stride_it, offsets_ptr + t * stride_it, valid_ptr + t * stride_it,
+              begin, end, b_cache_off * 0, stride_cb, stride_cs)  # fmt: skip
+    list_b = list_a
+    num_tiles = tiles_a
+    if TWO_LISTS:
+        list_b = (b_blocks_ptr + t * b_stride_it, b_offsets_ptr + t * b_stride_it,
+                  b_valid_ptr + t * b_stride_it, begin * 0, b_rows, b_cache_off, b_stride_cb,
+                  b_stride_cs)  # fmt: skip
+        num_tiles = tiles_a + gl.cdiv(b_rows, TILE)
     q_ptr += t * stride_qt
 
     # Shared-memory column c holds feature (c + half * OUT) % D of the query and of every row:
@@ -164,19 +226,18 @@ def gathered_attention_sm90_kernel(
     idx = gl.arange(0, TILE, layout=row_layout)
     # Prologue. Every load that a later step waits for is issued first (tile 0's and tile
     # STAGES - 1's entries, tile 0's visibility), then the query and tiles 0 .. STAGES - 2.
-    first = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + idx, end)
-    nxt = begin + (STAGES - 1) * TILE + idx
-    entries = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end)
-    cols = begin + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
-    visible = gl.load(valid_ptr + cols, mask=cols < end, other=0)  # tile 0's columns (uint8)
+    first = _entries(_source(0, tiles_a, list_a, list_b, TILE, TWO_LISTS), idx)
+    entries = _entries(_source(STAGES - 1, tiles_a, list_a, list_b, TILE, TWO_LISTS), idx)
+    cols = gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
+    visible = _visible(_source(0, tiles_a, list_a, list_b, TILE, TWO_LISTS), cols)
     q_ptrs = q_ptr + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(dims, 0)
     q_mask = gl.expand_dims(heads < num_heads, 1) & gl.expand_dims(dims >= 0, 0)
     async_copy.async_copy_global_to_shared(q_smem, q_ptrs, mask=q_mask)
-    _gather(cache_ptr, first, stride_cb, stride_cs, dims, rows_smem.index(0))
+    _gather(cache_ptr, first, dims, rows_smem.index(0))
     async_copy.commit_group()
     for stage in gl.static_range(1, STAGES - 1):
-        more = _entries(blocks_ptr, offsets_ptr, valid_ptr, begin + stage * TILE + idx, end)
-        _gather(cache_ptr, more, stride_cb, stride_cs, dims, rows_smem.index(stage))
+        more = _entries(_source(stage, tiles_a, list_a, list_b, TILE, TWO_LISTS), idx)
+        _gather(cache_ptr, more, dims, rows_smem.index(stage))
         async_copy.commit_group()
 
     qk_scale = scale * LOG2E
@@ -187,13 +248,11 @@ def gathered_attention_sm90_kernel(
     for i in range(num_tiles):
         # Issue tile i + STAGES - 1 (its entries were loaded last iteration), then load the
         # entries of the tile after it, to be used next iteration.
-        _gather(cache_ptr, entries, stride_cb, stride_cs, dims,
-                rows_smem.index((i + STAGES - 1) % STAGES))  # fmt: skip
+        _gather(cache_ptr, entries, dims, rows_smem.index((i + STAGES - 1) % STAGES))
         async_copy.commit_group()
-        nxt = begin + (i + STAGES) * TILE + idx
-        entries = _entries(blocks_ptr, offsets_ptr, valid_ptr, nxt, end)
-        cols += TILE  # the next tile's visibility, used next iteration
-        visible_next = gl.load(valid_ptr + cols, mask=cols < end, other=0)  # used raw later
+        entries = _entries(_source(i + STAGES, tiles_a, list_a, list_b, TILE, TWO_LISTS), idx)
+        # the next tile's visibility, used next iteration
+        visible_next = _visible(_source(i + 1, tiles_a, list_a, list_b, TILE, TWO_LISTS), cols)
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         fence_async_shared()  # visible to the wgmma's async proxy
         gl.thread_barrier()  # ... and every other thread's
@@ -215,21 +274,29 @@ def gathered_attention_sm90_kernel(
     async_copy.wait_group(0)
 
     l_i = gl.sum(l_acc, axis=1)
+    s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
+    s_mask = s_heads < num_heads
     seen = l_i > 0.0
-    norm = gl.where(seen, l_i, 1.0)
+    if SINKS:
+        # The sink is one more logit without a value: its mass joins the denominator only.
+        # With no visible row the output is 0 (acc is), measured against the sink itself.
+        sink2 = gl.load(sinks_ptr + s_heads, mask=s_mask, other=0.0).to(gl.float32) * LOG2E
+        top = gl.where(m_i > float("-inf"), m_i * qk_scale, sink2)
+        norm = l_i + gl.exp2(sink2 - top)
+    else:
+        norm = gl.where(seen, l_i, 1.0)
     lse2 = gl.where(seen, m_i * qk_scale + gl.log2(norm), float("-inf"))
     norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
     out_dims = half * OUT + gl.arange(0, OUT, layout=dim_layout)
     _store_chunk(out_ptr, part_out_ptr, acc / norm_o, t, split, heads, out_dims, num_heads,
                  stride_ot, stride_oh, D, SPLIT, load_layout)  # fmt: skip
-    if half == 0:  # one program of a token's halves stores the log-sum-exp
-        s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
-        s_mask = s_heads < num_heads
-        if SPLIT:
-            part = (t * num_heads + s_heads) * gl.num_programs(1) + split
-            gl.store(part_lse_ptr + part, lse2, mask=s_mask)
-        else:
-            gl.store(lse_ptr + t * num_heads + s_heads, lse2 * LN2, mask=s_mask)
+    if not SINKS:  # noqa: SIM102 (a constexpr test, then a runtime one: Gluon cannot mix them)
+        if half == 0:  # one program of a token's halves stores the log-sum-exp
+            if SPLIT:
+                part = (t * num_heads + s_heads) * gl.num_programs(1) + split
+                gl.store(part_lse_ptr + part, lse2, mask=s_mask)
+            else:
+                gl.store(lse_ptr + t * num_heads + s_heads, lse2 * LN2, mask=s_mask)
 
 
 @gluon.jit
