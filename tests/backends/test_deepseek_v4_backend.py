@@ -224,13 +224,19 @@ def test_indexer_top_k_matches_a_dense_selection():
     assert saw_full_top_k  # some query chose among more entries than it keeps
 
 
-def test_window_and_compressed_partials_merge_into_one_softmax_with_sinks():
-    heads, dim, window = 2, 8, 5
+def window_case(seed: int, heads: int, dim: int, window: int):
+    """A window backend bound to one `swa` layer, a generator, each request's latents and the
+    sinks."""
     swa = DeepseekV4WindowBackend(head_size=dim, dtype=F32, sliding_window=window)
     bound = Bound(swa, [layer("swa", heads, dim, window)])
-    gen = torch.Generator().manual_seed(4)
+    gen = torch.Generator().manual_seed(seed)
     latents = [torch.randn(s, dim, generator=gen) for s in SEQ]
-    sinks = torch.randn(heads, generator=gen)
+    return swa, bound, gen, latents, torch.randn(heads, generator=gen)
+
+
+def test_window_and_compressed_partials_merge_into_one_softmax_with_sinks():
+    heads, dim, window = 2, 8, 5
+    swa, bound, gen, latents, sinks = window_case(4, heads, dim, window)
     for new in CHUNKS:
         before = list(bound.computed)
         common = bound.step(new)
@@ -253,11 +259,7 @@ def test_attend_layer_is_one_softmax_over_every_row_set_and_the_sinks():
     # The window's rows (window_rows) and a second set from another cache, as the layer joins
     # them: the same result as the dense softmax over both key sets plus the sink logit.
     heads, dim, window = 2, 8, 5
-    swa = DeepseekV4WindowBackend(head_size=dim, dtype=F32, sliding_window=window)
-    bound = Bound(swa, [layer("swa", heads, dim, window)])
-    gen = torch.Generator().manual_seed(5)
-    latents = [torch.randn(s, dim, generator=gen) for s in SEQ]
-    sinks = torch.randn(heads, generator=gen)
+    swa, bound, gen, latents, sinks = window_case(5, heads, dim, window)
     other = torch.randn(4, 3, dim, generator=gen)  # another user's cache: 4 blocks of 3 rows
     other[3] = float("nan")  # a block no visible row names: its bits never reach the output
     for new in CHUNKS:
