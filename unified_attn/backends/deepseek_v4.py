@@ -40,7 +40,7 @@ recurrent state, so prefix-cache hits stay right-aligned like any window.
 5. `swa.window_rows(layer, q, kv)`: write the token's latent, return its window's rows.
 6. `swa.attend_layer(layer, out, q, [window rows, compressed rows], sinks)`: one softmax over
    both sets of rows and the learned sinks (`attend_sets`, the seam a kernel backend
-   replaces).
+   replaces: the Triton backend runs both sets in one launch on sm90).
 
 **Reading several caches.** Each user writes only its own cache and hands the layer the rows
 its queries read; the `swa` backend attends over every set (it reads the `compressed` user's

@@ -135,7 +135,7 @@ def partial_attention(
     """Shared-KV attention of q `[T, H, D]` over its own keys `[T, S, D]` (the keys are the
     values) where `visible [T, S]`, in float32: `out [T, H, D]` gets the softmax-weighted keys
     and `lse [T, H]` the log-sum-exp of the visible scores (-inf and a zero output where a row
-    sees no key), so partials over disjoint key sets merge exactly (the model merges them)."""
+    sees no key), so partials over disjoint key sets merge exactly (`merge_partials`)."""
     keys = keys.float().masked_fill(~visible[:, :, None], 0.0)  # stale blocks may hold NaN bits
     scores = torch.einsum("thd,tsd->ths", q.float(), keys) * scale
     scores = scores.masked_fill(~visible[:, None, :], float("-inf"))

@@ -7,8 +7,8 @@ A program owns one token and BH of its query heads; the programs of one token's 
 adjacent in the grid, so a row read by one group is still in L2 for the next. It walks the list
 in tiles of TILE rows with an online softmax (log2 units: `exp2`, with log2(e) folded into the
 scale) and stores the normalised output and the natural log-sum-exp of the visible scores (-inf
-and a zero output where the token sees no row), which the model merges with the other caches'
-partials and the sinks.
+and a zero output where the token sees no row), which `v4_ops.gathered_attention_sets` merges
+with the other set's partial and the sinks (where the one-launch Hopper kernel does not run).
 
 With SPLIT, each program walks one `segment` of the list and writes a partial
 (normalised output in float32 and log2-sum-exp) that `merge_partials_kernel` merges; the grid is
