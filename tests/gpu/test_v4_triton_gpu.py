@@ -11,6 +11,8 @@ import torch
 
 from tests.backends.test_v4_triton import gathered_case, row_sets_case
 from tests.gpu.graphs import assert_replay_equals_eager, capture
+from tests.models.hf_models import save_hf_model
+from tests.models.test_deepseek_v4_hf import make_v4
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.backends.deepseek_v4_steps import (
     GatheredRows,
@@ -146,3 +148,30 @@ def test_the_one_launch_layer_attention_replays_in_a_cuda_graph():
         gathered_attention_sets(q, gpu_sets, 512**-0.5, sinks, out)
 
     assert_replay_equals_eager(capture(step), step, out, "the layer attention over two sets")
+
+
+@sm90
+def test_an_engine_with_128_wide_heads_runs_each_layer_attention_in_one_launch(
+    tmp_path, monkeypatch
+):
+    # head_dim 128 is a width the Hopper kernel serves: every layer's attention (window rows,
+    # compressed rows, sinks) is one launch; the per-set path would fail here.
+    path = str(save_hf_model(make_v4(head_dim=128, partial_rotary_factor=0.125), tmp_path))
+    prompts = [[(7 * i + 3 * j) % 120 + 3 for j in range(n)] for i, n in enumerate([70, 9, 33])]
+    params = SamplingParams(max_tokens=1, prompt_logits=True)
+
+    def logits(backend: str, dtype: str) -> torch.Tensor:
+        engine = LLMEngine(path, backend=backend, device="cuda", dtype=dtype, block_size=8,
+                           max_num_batched_tokens=32, kv_cache_memory="64MiB")  # fmt: skip
+        return torch.cat([o.prompt_logits.float() for o in engine.generate(prompts, params)])
+
+    exact = logits("deepseek-v4-reference", "float32")
+    reference_error = (logits("deepseek-v4-reference", "bfloat16") - exact).abs()
+    monkeypatch.setattr(v4_ops, "merge_partials", None)
+    triton_error = (logits("triton-deepseek-v4", "bfloat16") - exact).abs()
+    print(f"bf16 error: reference max {reference_error.max():.3g} mean "
+          f"{reference_error.mean():.3g}; triton max {triton_error.max():.3g} mean "
+          f"{triton_error.mean():.3g}")  # fmt: skip
+    assert torch.isfinite(triton_error).all()
+    assert triton_error.mean() <= 1.5 * reference_error.mean()
+    assert triton_error.max() <= 2 * reference_error.max()
