@@ -250,6 +250,7 @@ def gathered_attention_sets(
             partials.append((part, lse))
         out.copy_(merge_partials(partials, sinks).to(out.dtype))
         return
+    sinks = sinks.contiguous()  # read as [H] with stride 1 (no copy when it is)
     cfg = Sm90GatherConfig()
     groups = triton.cdiv(num_heads, 64)
     halves = 2 if 2 * num_tokens * groups <= num_multiprocessors(q.device) else 1
