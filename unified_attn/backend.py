@@ -21,7 +21,11 @@ The rules a backend keeps:
   backend declares (an attrs class, frozen where it can be, each field's device stated). It
   sets no other attribute. With `for_cudagraph_capture=True` the plan must read only tensors
   that later replays overwrite in place (the runner's persistent buffers, views of them, and
-  scratch the backend sizes for the largest captured batch).
+  scratch the backend sizes for the largest captured batch). A backend whose graph-step plan
+  is device work alone (`plans_inside_cuda_graphs()`) is instead planned inside the graph:
+  its `prep_forward` of a `common.graph_step` step is captured with the forward, must not
+  synchronise with the host or read host values that change between replays, and is not
+  called at replays (the replay recomputes the plan from the persistent buffers).
 - `forward` may be captured in a CUDA graph (when `supports_cuda_graphs()` is True), so it must
   not allocate memory that outlives the call, synchronise with the host, call `.item()` /
   `.tolist()` / `.cpu()`, or read host tensors; it reads only its arguments, `self.plan` and
@@ -161,6 +165,11 @@ class CommonAttentionMetadata:
     # of requests whose encoder ran), in the order of the key/value rows its layers get.
     encoder_seq_lens_cpu: torch.Tensor | None = None  # host [B] int32
     encoder_seq_lens: torch.Tensor | None = None  # device [B] int32
+    # A CUDA-graph decode step (its capture and every replay): each request row, padding rows
+    # included, has `max_query_len` tokens, and the host per-request fields (`*_cpu`) are
+    # placeholders that do not change between replays. A plan that needs per-request values
+    # computes them on the device from the device fields.
+    graph_step: bool = False
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:
@@ -260,6 +269,13 @@ class AttentionBackend(ABC, Generic[PlanT]):
     def supports_cuda_graphs(cls) -> bool:
         """True if `forward` only reads tensors that `prep_forward` keeps persistent, so a
         decode step can be captured once and replayed."""
+        return False
+
+    @classmethod
+    def plans_inside_cuda_graphs(cls) -> bool:
+        """True if `prep_forward` of a CUDA-graph step (`common.graph_step`) only runs device
+        work on the step's device fields: the runner captures it in the graph together with
+        the forward, so a replay re-plans on the device and the host plans nothing."""
         return False
 
     @classmethod

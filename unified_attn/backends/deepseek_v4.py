@@ -52,6 +52,13 @@ closing windows, their entries and their slots line up because every user enumer
 the same order (`deepseek_v4_steps.closing_windows`). Nothing here reads a host value of a
 device tensor: no host sync.
 
+**CUDA graphs.** In a graph step (`common.graph_step`: padded to a captured batch, q tokens
+per request row, host per-request fields are placeholders) every user plans from the step's
+device fields alone, with fixed shapes: `ceil(q / rate)` window slots per request row (the
+ones that do not close are not live and write to the null block) and `max_seq_len // rate`
+entries per request. That planning is device work only, so the users plan inside the graph
+(`PlannedOnDevice`: `plans_inside_cuda_graphs()`), and a replay re-plans on the device.
+
 **Prefix hits.** A hit is a multiple of every group's block size, and block sizes are multiples
 of the rates, so the compressed caches hold every entry of the hit (entry w is written when its
 last token is computed, in the step that fills its block) and the compressor's window holds the
@@ -79,6 +86,7 @@ from unified_attn.backends.deepseek_v4_compressed import (
 )
 from unified_attn.backends.deepseek_v4_steps import (
     GatheredRows,
+    PlannedOnDevice,
     attend_row_sets,
     attend_rows,
     block_size_of,
@@ -113,7 +121,7 @@ class WindowPlan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 10})
-class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
+class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
     """The `swa` cache user: one latent of `head_size` per token (key = value, shared by every
     head) under the sliding-window manager, and the attention over it. The classes of the
     layer's other cache users are class attributes, so a kernel backend replaces any of them
@@ -168,13 +176,15 @@ class DeepseekV4WindowBackend(AttentionBackend[WindowPlan]):
         assert self.sliding_window is not None
         layout = step_layout(common)
         window = self.sliding_window
-        keys = layout.positions[:, None] - (window - 1) + torch.arange(window)  # [T, W]
+        offsets = torch.arange(window, device=layout.device)
+        keys = layout.positions[:, None] - (window - 1) + offsets  # [T, W]
+        visible = on_device((keys >= 0) & layout.live[:, None], common.positions.device)
         groups, device = {}, common.positions.device
         for gid in group_ids(self):
             bs = block_size_of(self, common, gid, 1)
             writes = slot_writes(common.slot_mappings[gid][: layout.num_tokens], bs)
             reads = device_lookup(block_tables[gid], layout.request[:, None], keys, bs, device)
-            groups[gid] = WindowIndex(*writes, *reads, on_device(keys >= 0, device))
+            groups[gid] = WindowIndex(*writes, *reads, visible)
         self.plan = WindowPlan(layout.num_tokens, groups)
 
     def forward(

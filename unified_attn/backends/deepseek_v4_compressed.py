@@ -25,6 +25,8 @@ from unified_attn.backend import (
 )
 from unified_attn.backends.deepseek_v4_steps import (
     GatheredRows,
+    PlannedOnDevice,
+    StepLayout,
     attend_rows,
     block_size_of,
     check_tensor,
@@ -78,7 +80,7 @@ class CompressorPlan:
     groups: dict[int, WindowRows]
 
 
-class CompressorStateBackend(AttentionBackend[CompressorPlan]):
+class CompressorStateBackend(PlannedOnDevice, AttentionBackend[CompressorPlan]):
     """The raw `(kv, gate)` projections of the last `span` tokens of each request, under the
     sliding-window manager (`span = 2 * compress_rate` with `overlap`, else `compress_rate`),
     stored by `PagedKVSpec(1, width)` (K = kv, V = gate)."""
@@ -111,15 +113,16 @@ class CompressorStateBackend(AttentionBackend[CompressorPlan]):
         for_cudagraph_capture: bool = False,
     ) -> None:
         layout = step_layout(common)
-        request, window = closing_windows(layout, self.compress_rate)
+        request, window, live = closing_windows(layout, self.compress_rate)
         first = window * self.compress_rate - (self.span - self.compress_rate)
-        positions = first[:, None] + torch.arange(self.span)  # [N, span]
+        positions = first[:, None] + torch.arange(self.span, device=layout.device)  # [N, span]
         device, groups = common.positions.device, {}
+        valid = on_device((positions >= 0) & live[:, None], device)
         for gid in group_ids(self):
             bs = common.block_sizes.get(gid) or self._bs(gid)
             writes = slot_writes(common.slot_mappings[gid][: layout.num_tokens], bs)
             reads = device_lookup(block_tables[gid], request[:, None], positions, bs, device)
-            groups[gid] = WindowRows(*writes, *reads, on_device(positions >= 0, device))
+            groups[gid] = WindowRows(*writes, *reads, valid)
         starts = on_device(window * self.compress_rate, device)
         self.plan = CompressorPlan(layout.num_tokens, int(request.shape[0]), starts, groups)
 
@@ -204,7 +207,7 @@ class EntryPlan:
     groups: dict[int, EntryIndex]
 
 
-class _CompressedCacheBackend(AttentionBackend[EntryPlan]):
+class _CompressedCacheBackend(PlannedOnDevice, AttentionBackend[EntryPlan]):
     """One compressed entry of `head_size` per `compress_rate` tokens under the full-attention
     manager (`CompressedLatentSpec`)."""
 
@@ -237,19 +240,24 @@ class _CompressedCacheBackend(AttentionBackend[EntryPlan]):
     ) -> None:
         layout = step_layout(common)
         rate = self.compress_rate
-        request, window = closing_windows(layout, rate)
-        num_entries = int(layout.seq_lens.max()) // rate if layout.seq_lens.numel() else 0
-        entries = torch.arange(num_entries)
+        request, window, live = closing_windows(layout, rate)
+        num_entries = _entry_count(layout, common.max_seq_len, rate)
+        entries = torch.arange(num_entries, device=layout.device)
         visible = entries < ((layout.positions + 1) // rate)[:, None]  # [T, E]
+        visible = on_device(visible & layout.live[:, None], common.positions.device)
         device, groups = common.positions.device, {}
-        reqs, starts = torch.arange(layout.computed.shape[0])[:, None], entries[None, :] * rate
+        reqs = torch.arange(layout.computed.shape[0], device=layout.device)[:, None]
+        starts = entries[None, :] * rate
+        live_on_device = on_device(live, device)
         for gid in group_ids(self):
             table, bs = block_tables[gid], block_size_of(self, common, gid, rate)
             write_blocks, write_offsets = device_lookup(table, request, window * rate, bs, device)
             read_blocks, read_offsets = device_lookup(table, reqs, starts, bs, device)
             groups[gid] = EntryIndex(
-                write_blocks, write_offsets // rate, read_blocks, read_offsets // rate,
-                on_device(layout.request, device), on_device(visible, device),
+                # a window that does not close (graph steps) writes its entry to the null block
+                torch.where(live_on_device, write_blocks, 0),
+                torch.where(live_on_device, write_offsets // rate, 0),
+                read_blocks, read_offsets // rate, on_device(layout.request, device), visible,
             )  # fmt: skip
         self.plan = EntryPlan(layout.num_tokens, int(request.shape[0]), num_entries, groups)
 
@@ -272,6 +280,15 @@ class _CompressedCacheBackend(AttentionBackend[EntryPlan]):
         heads = layer.num_heads
         shape = (plan.num_tokens, heads, self.head_size)
         check_tensor(layer, "query", query, shape, self.dtype, device)
+
+
+def _entry_count(layout: StepLayout, max_seq_len: int, rate: int) -> int:
+    """Entries read per request (E, host int): the longest request's complete entries, or in a
+    CUDA-graph step (whose lengths change between replays) those of `max_seq_len` (the runner's
+    `max_model_len`)."""
+    if layout.padded:
+        return max_seq_len // rate
+    return int(layout.seq_lens.max()) // rate if layout.seq_lens.numel() else 0
 
 
 class CompressedAttentionBackend(_CompressedCacheBackend):

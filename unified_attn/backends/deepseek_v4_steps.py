@@ -16,40 +16,94 @@ from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, Laye
 
 @attrs.frozen
 class StepLayout:
-    """The batch of one step as host tensors: request i owns token rows `[qsl[i], qsl[i+1])`
-    at positions `computed[i] + j`."""
+    """The batch of one step: request i owns token rows `[qsl[i], qsl[i+1])` at positions
+    `computed[i] + j`. Host tensors, except in a CUDA-graph step (`padded`), where they are
+    device tensors computed from the step's device fields: every request row has
+    `query_len` tokens and rows with `seq_lens` 0 are padding (`live` False)."""
 
-    request: torch.Tensor  # host [T] int64: the request of each token row
-    positions: torch.Tensor  # host [T] int64
-    computed: torch.Tensor  # host [B] int64: tokens cached before the step
-    seq_lens: torch.Tensor  # host [B] int64: computed + new
+    request: torch.Tensor  # [T] int64: the request of each token row
+    positions: torch.Tensor  # [T] int64
+    computed: torch.Tensor  # [B] int64: tokens cached before the step
+    seq_lens: torch.Tensor  # [B] int64: computed + new
+    live: torch.Tensor  # [T] bool: the token belongs to a request (False: padding)
+    padded: bool = False  # a CUDA-graph step (device tensors, fixed shapes)
+    query_len: int = 0  # padded: tokens of every request row
 
     @property
     def num_tokens(self) -> int:
         return int(self.request.shape[0])
 
+    @property
+    def device(self) -> torch.device:
+        return self.request.device
+
 
 def step_layout(common: CommonAttentionMetadata) -> StepLayout:
+    if common.graph_step:
+        return _padded_layout(common)
     num_reqs = common.num_reqs
     qsl = common.query_start_loc_cpu[: num_reqs + 1].long()
     request = torch.repeat_interleave(torch.arange(num_reqs), qsl[1:] - qsl[:-1])
     computed = common.num_computed_tokens_cpu[:num_reqs].long()
     rows = torch.arange(request.shape[0])
     positions = computed[request] + rows - qsl[request]
-    return StepLayout(request, positions, computed, common.seq_lens_cpu[:num_reqs].long())
+    live = torch.ones(request.shape[0], dtype=torch.bool)
+    return StepLayout(request, positions, computed, common.seq_lens_cpu[:num_reqs].long(), live)
 
 
-def closing_windows(layout: StepLayout, rate: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(request [N], window index [N]) host int64 of every compression window that closes in
-    this step, by request then window: window w covers tokens `[w * rate, (w + 1) * rate)` and
-    closes when its last token is computed, so request i closes `[computed_i // rate,
-    seq_len_i // rate)`. Every cache user of one rate enumerates windows in this order."""
+def _padded_layout(common: CommonAttentionMetadata) -> StepLayout:
+    """A CUDA-graph step's layout from its device fields alone (no host value changes between
+    replays): `num_reqs` rows of `max_query_len` tokens each."""
+    num_reqs, q = common.num_reqs, common.max_query_len
+    num_tokens = num_reqs * q
+    device = common.positions.device
+    request = torch.arange(num_tokens, device=device) // q
+    seq_lens = common.seq_lens[:num_reqs].long()
+    live = (seq_lens > 0)[request]
+    return StepLayout(request, common.positions[:num_tokens].long(), seq_lens - q, seq_lens,
+                      live, padded=True, query_len=q)  # fmt: skip
+
+
+def closing_windows(
+    layout: StepLayout, rate: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(request [N], window index [N], live [N] bool) of every compression window that closes
+    in this step, by request then window: window w covers tokens `[w * rate, (w + 1) * rate)`
+    and closes when its last token is computed, so request i closes `[computed_i // rate,
+    seq_len_i // rate)`. Every cache user of one rate enumerates windows in this order.
+
+    Host tensors, all live, except in a CUDA-graph step: there N is fixed at `ceil(q / rate)`
+    windows per request row (no more can close in q tokens), in order, and the ones that do not
+    close (`live` False) have window 0: their rows read nothing and their entries go to the
+    null block."""
+    if layout.padded:
+        per = -(-layout.query_len // rate)
+        slot = torch.arange(layout.seq_lens.shape[0] * per, device=layout.device)
+        request = slot // per
+        window = (layout.computed // rate)[request] + slot % per
+        seq_lens = layout.seq_lens[request]
+        live = (seq_lens > 0) & (window < seq_lens // rate)
+        return request, torch.where(live, window, 0), live
     first, end = layout.computed // rate, layout.seq_lens // rate
     counts = end - first
     request = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
     starts = torch.cumsum(counts, 0) - counts
     window = first[request] + torch.arange(request.shape[0]) - starts[request]
-    return request, window
+    return request, window, torch.ones(request.shape[0], dtype=torch.bool)
+
+
+class PlannedOnDevice:
+    """Mixin of DeepSeek-V4's cache users: a CUDA-graph step's plan (`step_layout` of a
+    `graph_step`) is device work on the step's device fields alone, so decode steps are
+    captured with their planning inside the graph."""
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        return True
+
+    @classmethod
+    def plans_inside_cuda_graphs(cls) -> bool:
+        return True
 
 
 def on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

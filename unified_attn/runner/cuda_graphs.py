@@ -6,12 +6,16 @@ graph is captured per (batch size, tokens per request). Everything the graph rea
 persistent buffers that each step overwrites in place: token ids, positions,
 `query_start_loc`, `seq_lens`, per-group slot mappings and block tables. Padding rows have
 sequence length 0 (the kernels skip them), slot -1 (nothing is written) and block-table rows of
-the null block.
+the null block. The step's `CommonAttentionMetadata` has `graph_step=True`: its host per-request
+fields are placeholders, so a backend whose plan needs per-request values computes them on the
+device; when that is all its plan needs (`plans_inside_cuda_graphs()`, DeepSeek-V4's cache
+users), its `prep_forward` is captured in the graph with the forward and replays re-plan on the
+device.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -92,27 +96,36 @@ class DecodeGraphs:
             max_seq_len=self.max_model_len,  # the split-KV plan must cover any length
             slot_mappings={gid: s[: n * q] for gid, s in enumerate(self.slots)},
             block_sizes=self.block_sizes,
+            graph_step=True,
         )
 
-    def _prep(self, n: int, q: int, capture: bool) -> None:
+    def _prep(self, n: int, q: int, capture: bool, inside: bool) -> None:
+        """`prep_forward` of the backends that plan outside the graphs (`inside` False: before
+        each replay) or inside them (`plans_inside_cuda_graphs()`: captured with the forward)."""
         common = self._common(n, q)
         for backend, gids in self.backend_groups:
-            tables = {gid: self.tables[gid][:n] for gid in gids}
-            backend.prep_forward(common, tables, for_cudagraph_capture=capture)
+            if type(backend).plans_inside_cuda_graphs() == inside:
+                tables = {gid: self.tables[gid][:n] for gid in gids}
+                backend.prep_forward(common, tables, for_cudagraph_capture=capture)
+
+    def step_logits(self, n: int, q: int) -> torch.Tensor:
+        """What graph `(n, q)` runs: the plans made inside the graph, then the model over the
+        persistent buffers; the logits of every padded row."""
+        self._prep(n, q, capture=True, inside=True)
+        hidden = self.model(self.input_ids[: n * q], self.positions[: n * q])
+        return cast(torch.Tensor, self.model.compute_logits(hidden))
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Largest step first, so persistent scratch buffers are sized before any capture."""
         for q in reversed(self.query_lens):
             for n in reversed(self.sizes):
-                self._prep(n, q, capture=True)
-                ids, positions = self.input_ids[: n * q], self.positions[: n * q]
-                self.model.compute_logits(self.model(ids, positions))
+                self._prep(n, q, capture=True, inside=False)
+                self.step_logits(n, q)  # warm-up, outside the graph
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
-                    hidden = self.model(ids, positions)
-                    self.logits[n, q] = self.model.compute_logits(hidden)
+                    self.logits[n, q] = self.step_logits(n, q)
                 self.pool = graph.pool()
                 self.graphs[n, q] = graph
 
@@ -125,6 +138,19 @@ class DecodeGraphs:
     ) -> torch.Tensor:
         """Logits `[num_reqs * q, vocab]` of a decode step whose requests all have q tokens, by
         replaying the padded graph."""
+        n, q = self.stage(input_ids, common, tables)
+        self.graphs[n, q].replay()
+        self.num_replays += 1
+        return self.logits[n, q][: common.num_reqs * q]
+
+    def stage(
+        self,
+        input_ids: torch.Tensor,
+        common: CommonAttentionMetadata,
+        tables: dict[int, torch.Tensor],
+    ) -> tuple[int, int]:
+        """Copy a decode step into the persistent buffers, padded to its captured size `(n, q)`,
+        and let the backends plan on them: what a replay of graph `(n, q)` then reads."""
         b, q = common.num_reqs, common.max_query_len
         n = self.bucket(b)
         assert n is not None and q in self.query_lens, "no graph was captured for this step"
@@ -139,7 +165,5 @@ class DecodeGraphs:
             table = tables[gid]
             self.tables[gid][:b, : table.shape[1]].copy_(table, non_blocking=True)
             self.tables[gid][b:n].zero_()
-        self._prep(n, q, capture=False)
-        self.graphs[n, q].replay()
-        self.num_replays += 1
-        return self.logits[n, q][:tokens]
+        self._prep(n, q, capture=False, inside=False)
+        return n, q
