@@ -65,3 +65,12 @@ def test_a_run_without_cuda_exits_with_code_2(bench, tmp_path, capsys):
 def test_each_step_runs_its_window_then_its_compressed_launch(bench):
     calls = {"swa": ["w0", "w1"], "compressed": ["c0", "c1"]}
     assert bench.interleave(calls) == ["w0", "c0", "w1", "c1"]
+
+
+def test_the_layer_touches_each_row_once_and_its_query_and_output_once(bench):
+    # 2 tokens, 3 window rows and 5 top-k rows each, 4 heads of 16: rows (bf16) and their
+    # entries (int64 block and slot, bool), the query read once, the output written once.
+    step = {"q": torch.zeros(2, 4, 16), "swa": (None, torch.zeros(2, 3), None),
+            "compressed": (None, torch.zeros(2, 5), None)}  # fmt: skip
+    rows = 2 * (3 + 5)
+    assert bench.layer_bytes(step, 16) == rows * 16 * 2 + 2 * (2 * 4 * 16 * 2) + rows * 17
