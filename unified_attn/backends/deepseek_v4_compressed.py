@@ -197,6 +197,7 @@ class EntryIndex:
     read_offsets: torch.Tensor  # [B, E] int64
     request: torch.Tensor  # [T] int64: the request of each token row
     visible: torch.Tensor  # [T, E] bool: entry e complete at the token (e < (p + 1) // rate)
+    num_visible: torch.Tensor  # [T] int64: the token's complete entries, 0 .. n - 1 (a prefix)
 
 
 @attrs.frozen
@@ -243,8 +244,9 @@ class _CompressedCacheBackend(PlannedOnDevice, AttentionBackend[EntryPlan]):
         request, window, live = closing_windows(layout, rate)
         num_entries = _entry_count(layout, common.max_seq_len, rate)
         entries = torch.arange(num_entries, device=layout.device)
-        visible = entries < ((layout.positions + 1) // rate)[:, None]  # [T, E]
-        visible = on_device(visible & layout.live[:, None], common.positions.device)
+        complete = torch.where(layout.live, (layout.positions + 1) // rate, 0)  # [T]
+        visible = on_device(entries < complete[:, None], common.positions.device)  # [T, E]
+        num_visible = on_device(complete.clamp(max=num_entries), common.positions.device)
         device, groups = common.positions.device, {}
         reqs = torch.arange(layout.computed.shape[0], device=layout.device)[:, None]
         starts = entries[None, :] * rate
@@ -258,19 +260,9 @@ class _CompressedCacheBackend(PlannedOnDevice, AttentionBackend[EntryPlan]):
                 torch.where(live_on_device, write_blocks, 0),
                 torch.where(live_on_device, write_offsets // rate, 0),
                 read_blocks, read_offsets // rate, on_device(layout.request, device), visible,
+                num_visible,
             )  # fmt: skip
         self.plan = EntryPlan(layout.num_tokens, int(request.shape[0]), num_entries, groups)
-
-    def _entries(
-        self, layer: LayerConfig, entries: torch.Tensor, plan: EntryPlan
-    ) -> tuple[torch.Tensor, EntryIndex]:
-        """Write this step's entries `[N, head_size]`; return every token's request entries
-        `[T, E, head_size]` (invisible ones included: callers mask) and the group index."""
-        index = plan.groups[self.group_of_layer[layer.name]]
-        cache = self.kv_caches[layer.name]  # [num_blocks, block_size // rate, head_size]
-        write_rows(cache, index.write_blocks, index.write_offsets, entries)
-        per_request = cache[index.read_blocks, index.read_offsets]  # [B, E, head_size]
-        return per_request[index.request], index
 
     def _check_entries(self, layer: LayerConfig, query: torch.Tensor, key: torch.Tensor) -> None:
         plan = self.current_plan()
@@ -362,11 +354,38 @@ def entry_rows(
     return blocks.gather(1, picks), offsets.gather(1, picks), named & index.visible.gather(1, picks)
 
 
+def index_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    request: torch.Tensor,
+    num_visible: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """The lightning indexer's scores, in float32: `out[t, e] = sum_h weights[t, h] *
+    relu(q[t, h] . k[e]) * scale` for every entry e of token t's request (`k[e] =
+    cache[blocks[request[t], e], offsets[e]]`) that the token sees (`e < num_visible[t]`), -inf
+    for the others; q `[T, H, D]`, weights `[T, H]` float32, out `[T, E]` float32. The seam a
+    kernel backend replaces (same signature: `triton.v4_ops.indexer_scores`)."""
+    entries = torch.arange(out.shape[1], device=out.device)
+    visible = entries < num_visible[:, None]  # [T, E]
+    keys = cache[blocks, offsets][request].float()  # [T, E, D]
+    keys = keys.masked_fill(~visible[:, :, None], 0.0)  # stale blocks may hold NaN bits
+    scores = torch.relu(torch.einsum("thd,ted->the", q.float(), keys)) * scale
+    scores = (scores * weights[:, :, None]).sum(dim=1)
+    out.copy_(scores.masked_fill(~visible, float("-inf")))
+
+
 class LightningIndexerBackend(_CompressedCacheBackend):
     """CSA's lightning indexer: scores `sum_h w[t, h] * relu(q[t, h] . k[e]) * scale` of every
     complete indexer entry and keeps the top `index_topk` per query."""
 
     name = "deepseek-v4-indexer"
+    # the scores of each token's entries (a kernel backend replaces it)
+    score_entries = staticmethod(index_scores)
 
     def forward(
         self,
@@ -388,13 +407,15 @@ class LightningIndexerBackend(_CompressedCacheBackend):
         if weights is None:
             raise ValueError(f"layer {layer.name}: forward needs weights=[T, index_n_heads]")
         check_tensor(layer, "weights", weights, (n, layer.num_heads), torch.float32, query.device)
-        keys, index = self._entries(layer, key, plan)
-        keys = keys.float().masked_fill(~index.visible[:, :, None], 0.0)
-        scores = torch.relu(torch.einsum("thd,ted->the", query.float(), keys)) * layer.scale
-        scores = (scores * weights[:, :, None]).sum(dim=1)  # [T, E]
-        scores = scores.masked_fill(~index.visible, float("-inf"))
+        index = plan.groups[self.group_of_layer[layer.name]]
+        cache = self.kv_caches[layer.name]  # [num_blocks, block_size // rate, head_size]
+        write_rows(cache, index.write_blocks, index.write_offsets, key)
+        scores = torch.empty(n, plan.num_entries, dtype=torch.float32, device=query.device)
+        self.score_entries(query, weights, cache, index.read_blocks, index.read_offsets[0],
+                           index.request, index.num_visible, layer.scale, scores)  # fmt: skip
         k = min(output.shape[1], plan.num_entries)
         picks = scores.topk(k, dim=-1).indices
         output.fill_(-1)
-        output[:, :k] = torch.where(index.visible.gather(1, picks), picks, -1)
+        output[:, :k] = torch.where(picks < index.num_visible[:, None], picks, -1)
         return output
+

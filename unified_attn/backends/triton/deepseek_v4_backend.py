@@ -1,9 +1,9 @@
 """DeepSeek-V4 on the Triton kernels: the layer's attention over the `swa` window and the
 selected compressed entries runs `gathered_attention_sets` (on an sm90 GPU one launch over both
-sets of rows with the sinks in its softmax), and each user's own partial softmax
-`gathered_attention`. Only the attention seams `attend_rows` and `attend_sets` change: caches,
-managers, plans, checks, cache writes and the other cache users (compressor, lightning
-indexer) are the reference backends'.
+sets of rows with the sinks in its softmax), each user's own partial softmax
+`gathered_attention`, and the lightning indexer's scores `indexer_scores`. Only the seams
+`attend_rows`, `attend_sets` and `score_entries` change: caches, managers, plans, checks, cache
+writes, the indexer's top-k and the compressors are the reference backends'.
 """
 
 from __future__ import annotations
@@ -12,7 +12,11 @@ from typing import ClassVar
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
-from unified_attn.backends.deepseek_v4_compressed import CompressedAttentionBackend
+from unified_attn.backends.deepseek_v4_compressed import (
+    CompressedAttentionBackend,
+    LightningIndexerBackend,
+)
+from unified_attn.backends.triton.indexer_ops import indexer_scores
 from unified_attn.backends.triton.ops import platform_reasons
 from unified_attn.backends.triton.v4_ops import gathered_attention, gathered_attention_sets
 from unified_attn.selector import SelectorConfig, register_backend
@@ -25,6 +29,14 @@ class TritonCompressedAttentionBackend(CompressedAttentionBackend):
     attend_rows = staticmethod(gathered_attention)
 
 
+class TritonLightningIndexerBackend(LightningIndexerBackend):
+    """CSA's lightning indexer with its scores from `indexer_scores`: no `[T, E, D]` keys are
+    gathered, and each token's work stops at its own complete entries."""
+
+    name = "triton-deepseek-v4-indexer"
+    score_entries = staticmethod(indexer_scores)
+
+
 @register_backend(priority={"cuda": 100})
 class TritonDeepseekV4Backend(DeepseekV4WindowBackend):
     """The `swa` cache user on `gathered_attention` (each token's window of latents), with the
@@ -32,6 +44,7 @@ class TritonDeepseekV4Backend(DeepseekV4WindowBackend):
 
     name = "triton-deepseek-v4"
     compressed_cls: ClassVar[type[AttentionBackend]] = TritonCompressedAttentionBackend
+    indexer_cls: ClassVar[type[AttentionBackend]] = TritonLightningIndexerBackend
     attend_rows = staticmethod(gathered_attention)
     attend_sets = staticmethod(gathered_attention_sets)
 
@@ -44,4 +57,8 @@ class TritonDeepseekV4Backend(DeepseekV4WindowBackend):
         return reasons
 
 
-__all__ = ["TritonCompressedAttentionBackend", "TritonDeepseekV4Backend"]
+__all__ = [
+    "TritonCompressedAttentionBackend",
+    "TritonDeepseekV4Backend",
+    "TritonLightningIndexerBackend",
+]
