@@ -1,7 +1,7 @@
 """DeepSeek-V4 decode steps in the engine: replayed CUDA graphs against eager steps, same run.
 
     python benchmarks/v4_engine_decode.py [--out DIR] [--batches 8,64] [--context 2048]
-                                          [--steps 32] [--quick]
+                                          [--steps 32] [--max-model-len N] [--quick]
 
 The model is random, with V4's attention shape and a small rest: 4 layers (sliding, CSA, HCA,
 CSA), 64 heads of 512 (64 RoPE features), window 128, compression rates 4 and 128, a lightning
@@ -11,7 +11,9 @@ step). bf16 on `triton-deepseek-v4`. For each batch size, one engine per mode (`
 False, then True) runs `batch` requests of `context` random tokens to the end of their prefill,
 then `steps` decode steps; each step is timed on the host (`LLMEngine.step()`, which returns
 after the sampled tokens reach the host). Reported: the median decode step, tokens per second,
-and graphs' speedup over eager steps. Writes `DIR/v4_engine_decode.json` and `.png`.
+and graphs' speedup over eager steps. A graph step reads `max_model_len // rate` compressed
+entries per request (the kernels stop at each token's own): `--max-model-len 65536` shows what
+that costs. Writes `DIR/v4_engine_decode.json` and `.png`.
 """
 
 from __future__ import annotations
@@ -61,11 +63,14 @@ def register_shape() -> None:
     )  # fmt: skip
 
 
-def decode_steps(batch: int, context: int, steps: int, graphs: bool) -> dict[str, Any]:
-    """Host ms of each decode step of `batch` requests after `context`-token prompts."""
+def decode_steps(batch: int, context: int, steps: int, graphs: bool,
+                 max_model_len: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Host ms of each decode step of `batch` requests after `context`-token prompts
+    (`max_model_len` 0: the context, the steps and a margin)."""
     engine = LLMEngine(SHAPE, backend="triton-deepseek-v4", device="cuda", dtype="bfloat16",
                        cuda_graphs=graphs, max_num_seqs=batch,
-                       max_model_len=context + steps + 64, kv_cache_memory="8GiB",
+                       max_model_len=max_model_len or context + steps + 64,
+                       kv_cache_memory="8GiB",
                        max_num_batched_tokens=max(context, 8192))  # fmt: skip
     gen = torch.Generator().manual_seed(batch)
     params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
@@ -94,16 +99,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", default="8,64", help="decode batch sizes, comma-separated")
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=0,
+                        help="the engines' max_model_len (0: context + steps + 64)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="batch 4, 256-token prompts")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     try:
         batches = [int(b) for b in args.batches.split(",")]
-        if min(batches) < 1 or args.context < 1 or args.steps < 4:
+        too_short = 0 < args.max_model_len < args.context + args.steps + 1
+        if min(batches) < 1 or args.context < 1 or args.steps < 4 or too_short:
             raise ValueError
     except ValueError:
-        print(f"--batches takes positive ints (e.g. 8,64), --context >= 1 and --steps >= 4; got "
-              f"{args.batches!r}, {args.context}, {args.steps}", file=sys.stderr)  # fmt: skip
+        print(f"--batches takes positive ints (e.g. 8,64), --context >= 1, --steps >= 4 and "
+              f"--max-model-len 0 or above context + steps; got {args.batches!r}, "
+              f"{args.context}, {args.steps}, {args.max_model_len}", file=sys.stderr)  # fmt: skip
         raise SystemExit(2) from None
     if args.quick:
         batches, args.context, args.steps = [4], 256, 8
@@ -115,13 +124,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "command": command_line("v4_engine_decode.py", argv),
                               "timestamp": utc_timestamp(), "machine": machine_info(),
                               "model": attrs.asdict(V4_PRESETS[SHAPE]), "context": args.context,
-                              "steps": args.steps, "runs": []}  # fmt: skip
+                              "steps": args.steps, "max_model_len": args.max_model_len,
+                              "runs": []}  # fmt: skip
     console = make_console(100)
     columns = ["batch", "eager ms/step", "graphs ms/step", "speedup", "graphs tokens/s"]
     report = table(f"V4 decode steps, {args.context}-token prompts", columns)
     for batch in batches:
-        eager = decode_steps(batch, args.context, args.steps, graphs=False)
-        graphs = decode_steps(batch, args.context, args.steps, graphs=True)
+        eager = decode_steps(batch, args.context, args.steps, False, args.max_model_len)
+        graphs = decode_steps(batch, args.context, args.steps, True, args.max_model_len)
         if graphs["graph_replays"] == 0:
             raise RuntimeError("v4_engine_decode: the engine replayed no CUDA graph")
         speedup = eager["median_step_ms"] / graphs["median_step_ms"]

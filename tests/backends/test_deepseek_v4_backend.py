@@ -182,6 +182,23 @@ def test_compressed_entries_land_at_their_window_index_and_attention_matches_den
             assert torch.equal(view[block, offset], full[b][w])
 
 
+def test_every_complete_entry_is_a_prefix_the_rows_state_the_length_of():
+    # HCA reads every complete entry: the rows carry each token's count, which a kernel may
+    # stop at; a top-k selection is no prefix and carries none.
+    heads, dim = 2, 8
+    backend = CompressedAttentionBackend(head_size=dim, dtype=F32, compress_rate=RATE)
+    bound = Bound(backend, [layer("compressed", heads, dim)])
+    for positions, _, q, entries, _ in entry_steps(bound, dim, heads):
+        entries = torch.empty(0, dim) if entries is None else entries
+        rows = backend.select_rows(bound.layers[0], q, entries)
+        assert rows.lengths is not None
+        assert rows.lengths.tolist() == ((positions + 1) // RATE).tolist()
+        prefix = torch.arange(rows.visible.shape[1]) < rows.lengths[:, None]
+        assert torch.equal(rows.visible, prefix)
+        topk = torch.zeros(q.shape[0], 2, dtype=torch.int64)
+        assert backend.select_rows(bound.layers[0], q, entries, topk).lengths is None
+
+
 def test_attention_sees_only_the_top_k_entries_it_is_given():
     heads, dim = 2, 8
     backend = CompressedAttentionBackend(head_size=dim, dtype=F32, compress_rate=RATE)

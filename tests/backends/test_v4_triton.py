@@ -5,6 +5,7 @@ tests/models/test_deepseek_v4_hf.py) with chunked prefill that cuts compression 
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -88,6 +89,9 @@ def test_the_layer_attention_refuses_bad_sets_and_sinks():
                        row_sets[1].visible.int())  # fmt: skip
     with pytest.raises(ValueError, match=r"visible must be torch\.bool"):
         gathered_attention_sets(q, [row_sets[0], bad], 0.1, torch.zeros(8), out)
+    short = GatheredRows(*attrs.astuple(row_sets[1], recurse=False)[:4], torch.zeros(3))
+    with pytest.raises(ValueError, match=r"lengths must be \[4\] of .* got \(3,\) torch.float32"):
+        gathered_attention_sets(q, [row_sets[0], short], 0.1, torch.zeros(8), out)
 
 @pytest.mark.parametrize(
     ("dtype", "index_dtype", "config"),

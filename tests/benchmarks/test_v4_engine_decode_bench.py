@@ -23,7 +23,10 @@ def test_help(bench, capsys):
         assert flag in text
 
 
-@pytest.mark.parametrize("args", [["--batches", "8,x"], ["--batches", "0"], ["--steps", "2"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--batches", "8,x"], ["--batches", "0"], ["--steps", "2"], ["--max-model-len", "100"]],
+)
 def test_bad_arguments_exit_with_code_2_and_one_line(bench, capsys, args):
     with pytest.raises(SystemExit) as exc:
         bench.main(args)

@@ -146,6 +146,28 @@ def test_the_layer_attention_is_one_launch_equal_to_the_reference(tokens, heads,
 
 
 @sm90
+def test_the_one_launch_stops_the_second_list_at_each_tokens_length(monkeypatch):
+    # A CUDA-graph step pads an HCA layer's entries to max_model_len's: each token sees a
+    # prefix of its list (none, part of a tile, several tiles, all), the launch walks no tile
+    # past it, and the result is the reference's for every length.
+    q, row_sets = row_sets_case(7, 6, 64, 512, torch.bfloat16, (128, 520))
+    entries = row_sets[1]
+    lengths = torch.tensor([0, 5, 64, 130, 520, 300])
+    entries.visible[:] &= torch.arange(520) < lengths[:, None]  # (the stale NaN row stays hidden)
+    sinks = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    want = torch.empty(6, 64, 512)
+    attend_row_sets(q.float(), [GatheredRows(r.cache.float(), r.blocks, r.offsets, r.visible)
+                                for r in row_sets], 512**-0.5, sinks, want)  # fmt: skip
+    monkeypatch.setattr(v4_ops, "gathered_attention", None)  # the per-set path would fail
+    gpu = sets_on_gpu(row_sets)
+    gpu[1] = GatheredRows(gpu[1].cache, gpu[1].blocks, gpu[1].offsets, gpu[1].visible,
+                          lengths.cuda())  # fmt: skip
+    out = torch.empty_like(q).cuda()
+    gathered_attention_sets(q.cuda(), gpu, 512**-0.5, sinks.cuda(), out)
+    torch.testing.assert_close(out.cpu().float(), want, rtol=2e-2, atol=2e-2)
+
+
+@sm90
 def test_the_one_launch_layer_attention_replays_in_a_cuda_graph():
     q, row_sets = row_sets_case(6, 8, 64, 512, torch.bfloat16, (128, 512))
     q, gpu_sets, out = q.cuda(), sets_on_gpu(row_sets), torch.empty_like(q).cuda()

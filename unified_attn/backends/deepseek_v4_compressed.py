@@ -338,20 +338,21 @@ class CompressedAttentionBackend(_CompressedCacheBackend):
 
 def entry_rows(
     index: EntryIndex, num_entries: int, topk: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each token's compressed rows `(blocks, offsets, visible)`, `[T, S]`: every entry of its
-    request (S = E), or the entries `topk [T, k]` names (S = k; -1 names none, a repeat is
-    dropped)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each token's compressed rows `(blocks, offsets, visible, lengths)`, `[T, S]`: every entry
+    of its request (S = E; the token sees the first `lengths [T]`), or the entries `topk [T, k]`
+    names (S = k; -1 names none, a repeat is dropped; no prefix, lengths None)."""
     blocks = index.read_blocks[index.request]
     # read_offsets broadcasts over requests (entry e sits at the same offset in each)
     offsets = index.read_offsets.expand_as(index.read_blocks)[index.request]
     if topk is None or num_entries == 0:
-        return blocks, offsets, index.visible
+        return blocks, offsets, index.visible, index.num_visible
     names = topk.sort(dim=1).values  # an entry named twice is seen once: drop the repeats
     named = (names >= 0) & (names < num_entries)
     named[:, 1:] &= names[:, 1:] != names[:, :-1]
     picks = names.clamp(0, num_entries - 1)
-    return blocks.gather(1, picks), offsets.gather(1, picks), named & index.visible.gather(1, picks)
+    visible = named & index.visible.gather(1, picks)
+    return blocks.gather(1, picks), offsets.gather(1, picks), visible, None
 
 
 def index_scores(

@@ -168,6 +168,9 @@ class GatheredRows:
     blocks: torch.Tensor
     offsets: torch.Tensor
     visible: torch.Tensor
+    # [T] int64, optional: rows s >= lengths[t] are hidden (visible says so too), so a kernel
+    # may stop there; set when visibility is a prefix (every complete entry, HCA)
+    lengths: torch.Tensor | None = None
 
 
 def write_rows(

@@ -152,7 +152,7 @@ def gathered_attention(
             num_rows, segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             cache.stride(0), cache.stride(1), blocks.stride(0))  # fmt: skip
     if isinstance(cfg, Sm90GatherConfig):
-        no_list_b = (0, blocks, offsets, valid, 0, 0, 0, 0, lse)  # TWO_LISTS / SINKS only
+        no_list_b = (0, blocks, offsets, valid, 0, 0, 0, 0, lse, lse)  # TWO_LISTS / SINKS only
         gathered_attention_sm90_kernel[grid](
             *args, *no_list_b, D=width, TILE=cfg.tile, STAGES=cfg.num_stages,
             SPLIT=splits > 1, HALVES=halves, num_warps=8,
@@ -233,6 +233,14 @@ def gathered_attention_sets(
             f"{q.device}, got {tuple(out.shape)} and {tuple(sinks.shape)} on {sinks.device}"
         )
     lists = [checked_rows(q, r.cache, r.blocks, r.offsets, r.visible, out) for r in row_sets]
+    for r in row_sets:
+        lengths = r.lengths
+        if lengths is not None and (lengths.shape != (num_tokens,) or lengths.dtype not in
+                                    INDEX_DTYPES or lengths.device != q.device):  # fmt: skip
+            raise ValueError(
+                f"gathered attention: a set's lengths must be [{num_tokens}] of {INDEX_DTYPES} "
+                f"on {q.device}, got {tuple(lengths.shape)} {lengths.dtype} on {lengths.device}"
+            )
     if num_tokens == 0:
         return
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -256,16 +264,19 @@ def gathered_attention_sets(
     halves = 2 if 2 * num_tokens * groups <= num_multiprocessors(q.device) else 1
     (blocks, offsets, valid), cache = lists[0], row_sets[0].cache
     b_blocks, b_offsets, b_valid = lists[-1]
-    b_cache = row_sets[-1].cache
+    b_cache, b_lengths = row_sets[-1].cache, row_sets[-1].lengths
     b_cache_off = (b_cache.data_ptr() - cache.data_ptr()) // cache.element_size()
+    two_lists = len(row_sets) == 2
     gathered_attention_sm90_kernel[(groups * halves, 1, num_tokens)](
         out, sinks, q, cache, blocks, offsets, valid, out, sinks, scale, num_heads,
         blocks.shape[1], blocks.shape[1], q.stride(0), q.stride(1), out.stride(0),
         out.stride(1), cache.stride(0), cache.stride(1), blocks.stride(0),
         b_cache_off, b_blocks, b_offsets, b_valid, b_blocks.shape[1], b_cache.stride(0),
         b_cache.stride(1), b_blocks.stride(0), sinks,
+        sinks if b_lengths is None else b_lengths.contiguous(),
         D=width, TILE=cfg.tile, STAGES=cfg.num_stages, SPLIT=False, HALVES=halves,
-        TWO_LISTS=len(row_sets) == 2, SINKS=True, num_warps=8,
+        TWO_LISTS=two_lists, SINKS=True, B_LENGTHS=two_lists and b_lengths is not None,
+        num_warps=8,
     )  # fmt: skip
 
 

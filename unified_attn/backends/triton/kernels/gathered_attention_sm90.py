@@ -10,7 +10,10 @@ a partial softmax, optionally over one split of the list (SPLIT: the partials ar
   strides of each tile are chosen per tile, so both lists' rows go through the same ring and
   one online softmax;
 - SINKS: one more logit per head without a value joins the softmax's denominator, and the
-  output is final (no log-sum-exp is stored).
+  output is final (no log-sum-exp is stored);
+- B_LENGTHS: list B stops at each token's length (its rows past it are hidden), so a list
+  padded to a fixed size (a CUDA-graph step's `max_model_len` entries) costs only the tiles
+  the token sees.
 
 Why a second kernel: at DeepSeek-V4's decode shape (64 heads of 512) the Triton kernel cannot use
 the Hopper tensor-core instructions well. With 32 heads per program the compiler falls back to
@@ -165,6 +168,7 @@ def gathered_attention_sm90_kernel(
     b_stride_cs,
     b_stride_it,
     sinks_ptr,  # SINKS: [H], one logit per head (natural log units)
+    b_lengths_ptr,  # B_LENGTHS: [T], list B's rows past which every row is hidden
     D: gl.constexpr,
     TILE: gl.constexpr,
     STAGES: gl.constexpr,
@@ -172,6 +176,7 @@ def gathered_attention_sm90_kernel(
     HALVES: gl.constexpr,  # 2: two programs per token and head group, each with D / 2 outputs
     TWO_LISTS: gl.constexpr = False,  # one softmax over list A, then list B (no SPLIT)
     SINKS: gl.constexpr = False,  # the sinks join the softmax; the output is final (no SPLIT)
+    B_LENGTHS: gl.constexpr = False,  # TWO_LISTS: stop list B at each token's length
 ):
     BH: gl.constexpr = 64  # heads per program: the wgmma M side
     OUT: gl.constexpr = D // HALVES  # output features of this program
@@ -213,10 +218,13 @@ def gathered_attention_sm90_kernel(
     list_b = list_a
     num_tiles = tiles_a
     if TWO_LISTS:
+        b_end = b_rows
+        if B_LENGTHS:  # the tiles past the token's last visible row are not walked
+            b_end = gl.minimum(b_rows, gl.load(b_lengths_ptr + t).to(gl.int32))
         list_b = (b_blocks_ptr + t * b_stride_it, b_offsets_ptr + t * b_stride_it,
-                  b_valid_ptr + t * b_stride_it, begin * 0, b_rows, b_cache_off, b_stride_cb,
+                  b_valid_ptr + t * b_stride_it, begin * 0, b_end, b_cache_off, b_stride_cb,
                   b_stride_cs)  # fmt: skip
-        num_tiles = tiles_a + gl.cdiv(b_rows, TILE)
+        num_tiles = tiles_a + gl.cdiv(b_end, TILE)
     q_ptr += t * stride_qt
 
     # Shared-memory column c holds feature (c + half * OUT) % D of the query and of every row:
