@@ -212,7 +212,7 @@ def edited(path, tmp_path, **changes):
         (dict(q_lora_rank=24), r"q_a_layernorm\.weight .*has shape \(48,\), the config implies"),
         (dict(n_group=3), "needs n_group dividing n_routed_experts=8"),
         (dict(hidden_act="gelu"), "hidden_act='gelu'.*supported: hidden_act 'silu'"),
-        (dict(quantization_config={"quant_method": "fp8"}), "quantized checkpoints"),
+        (dict(quantization_config={"quant_method": "fp8"}), "weight_block_size"),
     ],
 )
 def test_loading_errors_say_what_to_fix(checkpoint_cache, tmp_path, changes, message):

@@ -183,7 +183,7 @@ def edited(path, tmp_path, **changes):
         (dict(q_lora_rank=24), r"q_a_norm\.weight .*has shape \(32,\), the config implies"),
         (dict(num_key_value_heads=2), "shared-KV"),
         (dict(layer_types=["global"] * 5), r"layer_types needs num_layers=5 entries from"),
-        (dict(quantization_config={"quant_method": "fp8"}), "quantized checkpoints"),
+        (dict(quantization_config={"quant_method": "fp8"}), "weight_block_size"),
     ],
 )  # fmt: skip
 def test_loading_errors_say_what_to_fix(checkpoint, tmp_path, changes, message):

@@ -15,6 +15,7 @@ import torch
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig, Version
+from unified_attn.models.fp8_checkpoint import fp8_blocks
 from unified_attn.models.hf_config import HFConfig, mla_version, read_hf_config
 from unified_attn.models.hf_rope import rope_fields
 
@@ -74,13 +75,7 @@ def deepseek_config_from_hf(hf: HFConfig, name: str = "hf") -> DeepseekConfig:
 
 
 def _refuse_unsupported(hf: HFConfig, name: str) -> None:
-    quantization = hf.get("quantization_config")
-    if quantization:
-        raise ValueError(
-            f"checkpoint {name}: quantized checkpoints (quant_method="
-            f"{quantization.get('quant_method')!r}) are not supported; dequantize first, e.g. "
-            "load with transformers in bfloat16 and save_pretrained"
-        )
+    fp8_blocks(hf, name)  # a quantization the loader cannot read is refused
     act = hf.get("hidden_act") or "silu"
     method = hf.get("topk_method") or "greedy"
     if act != "silu" or (mla_version(hf) == "v2" and method not in _V2_ROUTING):
@@ -120,8 +115,9 @@ def load_deepseek(
     from unified_attn.models.hf import read_state_dict
 
     path = Path(path)
-    config = deepseek_config_from_hf(read_hf_config(path), name=path.name)
-    state = _model_names(read_state_dict(path), config)
+    hf = read_hf_config(path)
+    config = deepseek_config_from_hf(hf, name=path.name)
+    state = _model_names(read_state_dict(path, fp8_blocks(hf, path.name)), config)
     hint = "layers, q_lora_rank, experts, first_k_dense_replace"
     return load_checked(DeepseekForCausalLM, config, state, path, hint, backend_cls,
                         dtype=dtype, device=device, backend_options=backend_options)  # fmt: skip

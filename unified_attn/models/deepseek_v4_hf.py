@@ -20,6 +20,7 @@ from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek_hf import load_checked
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
+from unified_attn.models.fp8_checkpoint import fp8_blocks
 from unified_attn.models.hf_config import HFConfig, is_deepseek_v4, read_hf_config
 from unified_attn.models.hf_rope import rope
 
@@ -80,13 +81,7 @@ def deepseek_v4_config_from_hf(hf: HFConfig, name: str = "hf") -> DeepseekV4Conf
 
 
 def _refuse_unsupported(values: HFConfig, name: str) -> None:
-    quantization = values.get("quantization_config")
-    if quantization:
-        raise ValueError(
-            f"checkpoint {name}: quantized checkpoints (quant_method="
-            f"{quantization.get('quant_method')!r}) are not supported; dequantize first, e.g. "
-            "load with transformers in bfloat16 and save_pretrained"
-        )
+    fp8_blocks(values, name)  # a quantization the loader cannot read is refused
     act, kv_heads = values["hidden_act"], values["num_key_value_heads"]
     if act != "silu" or kv_heads != 1:
         raise ValueError(
@@ -214,8 +209,9 @@ def load_deepseek_v4(
     from unified_attn.models.hf import read_state_dict
 
     path = Path(path)
-    config = deepseek_v4_config_from_hf(read_hf_config(path), name=path.name)
-    state = checkpoint_names(read_state_dict(path), config)
+    hf = read_hf_config(path)
+    config = deepseek_v4_config_from_hf(hf, name=path.name)
+    state = checkpoint_names(read_state_dict(path, fp8_blocks(hf, path.name)), config)
     hint = "num_hidden_layers, layer_types, mlp_layer_types, experts"
     return load_checked(DeepseekV4ForCausalLM, config, state, path, hint, backend_cls,
                         dtype=dtype, device=device, backend_options=backend_options)  # fmt: skip

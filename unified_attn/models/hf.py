@@ -21,6 +21,7 @@ import torch
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.config import ModelConfig
 from unified_attn.models.decoder import DecoderModel
+from unified_attn.models.fp8_checkpoint import dequantize_fp8, fp8_blocks
 from unified_attn.models.hf_config import (
     ARCHITECTURES,
     HFConfig,
@@ -64,7 +65,9 @@ def load_hf_model(
     hf = read_hf_config(path)
     config = config_from_hf(hf, name=path.name)
     tokenizer = load_tokenizer(path)
-    raw, kv_scales = split_kv_scales(read_state_dict(path), source=str(path))
+    raw, kv_scales = split_kv_scales(
+        read_state_dict(path, fp8_blocks(hf, path.name)), source=str(path)
+    )
     state = check_weights(raw, hf, config, backend_cls, source=str(path))
     model = DecoderModel(
         config, backend_cls, dtype=dtype, device=device, backend_options=backend_options
@@ -88,13 +91,17 @@ def _safetensors_load_file() -> Callable[..., dict[str, torch.Tensor]]:
     return load_file
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of `model.safetensors` or of the shards named by its index, on CPU."""
+def read_state_dict(
+    path: Path, fp8_block: tuple[int, int] | None = None
+) -> dict[str, torch.Tensor]:
+    """All tensors of `model.safetensors` or of the shards named by its index, on CPU; with
+    `fp8_block` (a block-scaled fp8 checkpoint, `fp8_checkpoint.fp8_blocks`) its fp8 weights
+    dequantized to float32."""
     load_file = _safetensors_load_file()
     state: dict[str, torch.Tensor] = {}
     for file in _weight_files(path):
         state.update(load_file(file))
-    return state
+    return state if fp8_block is None else dequantize_fp8(state, fp8_block, str(path))
 
 
 def _weight_files(path: Path) -> list[Path]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from unified_attn.models.config import ModelConfig
+from unified_attn.models.fp8_checkpoint import fp8_blocks
 from unified_attn.models.hf_families import (
     ARCHITECTURES,
     MODEL_TYPES,
@@ -133,13 +134,7 @@ def rename_weight(architecture: str, name: str) -> str:
 def config_from_hf(hf: HFConfig, name: str = "hf") -> ModelConfig:
     """A `ModelConfig` from `config.json`: shared fields, RoPE, then the architecture's own."""
     arch = architecture_of(hf)
-    quantization = hf.get("quantization_config")
-    if quantization:
-        raise ValueError(
-            f"{arch}: quantized checkpoints (quant_method="
-            f"{quantization.get('quant_method')!r}) are not supported; dequantize first, e.g. "
-            "load with transformers in bfloat16 and save_pretrained"
-        )
+    fp8_blocks(hf, f"{name} ({arch})")  # a quantization the loader cannot read is refused
     try:
         rope = ROPE_FIELDS.get(arch, rope_fields)(hf)
         fields = {**_common_fields(hf, name), **rope, **ARCHITECTURES[arch](hf)}
