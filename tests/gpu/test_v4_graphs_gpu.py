@@ -53,3 +53,23 @@ def test_decode_steps_replay_graphs_and_match_eager_steps(tmp_path, backend, dty
         if dtype == "float32":
             assert a.output_token_ids == b.output_token_ids
         assert (a.logits[: same + 1] - b.logits[: same + 1]).abs().max() < tolerance
+
+
+def test_verification_steps_of_four_tokens_replay_graphs_and_match_eager_steps(tmp_path):
+    # ngram drafts of 3: the graphs of 4 tokens per request close a CSA window (rate 4) in
+    # every step and an HCA window (rate 8) in every other one, inside the captured graph.
+    path = str(save_hf_model(make_v4(), tmp_path))
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12] * 4, [3, 4] * 10, [(5 * j) % 90 + 3 for j in range(17)]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True, return_logits=True)
+    outputs = []
+    for graphs in (False, True):
+        engine = LLMEngine(path, backend="triton-deepseek-v4", device="cuda", dtype="float32",
+                           block_size=8, max_num_seqs=4, max_model_len=128,
+                           kv_cache_memory="64MiB", cuda_graphs=graphs,
+                           speculative_method="ngram", num_speculative_tokens=3)  # fmt: skip
+        outputs.append(engine.generate(prompts, params))
+    assert engine.runner.graphs is not None and engine.runner.graphs.query_lens == (1, 4)
+    assert engine.runner.graphs.num_replays > 0 and engine.stats.spec_accepted > 0
+    for a, b in zip(*outputs, strict=True):
+        assert a.output_token_ids == b.output_token_ids
+        assert (a.logits - b.logits).abs().max() < 1e-4
