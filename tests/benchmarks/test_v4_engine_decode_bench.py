@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmarks.smoke import assert_refuses_without_cuda
 from unified_attn.models import V4_PRESETS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "v4_engine_decode.py"
@@ -37,11 +38,7 @@ def test_bad_arguments_exit_with_code_2_and_one_line(bench, capsys, args):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_a_run_without_cuda_exits_with_code_2(bench, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--out", str(tmp_path / "results")])
-    assert exc.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert not (tmp_path / "results").exists()
+    assert_refuses_without_cuda(bench, tmp_path, capsys)
 
 
 def test_the_registered_model_has_deepseek_v4_attention_shapes(bench, monkeypatch):

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmarks.smoke import assert_refuses_without_cuda
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "v4_indexer.py"
 
 
@@ -21,8 +23,4 @@ def test_help(bench, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_a_run_without_cuda_exits_with_code_2(bench, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exc:
-        bench.main(["--out", str(tmp_path / "results")])
-    assert exc.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert not (tmp_path / "results").exists()
+    assert_refuses_without_cuda(bench, tmp_path, capsys)

@@ -8,8 +8,8 @@ import triton
 
 from unified_attn.backends.triton.kernels.indexer_scores import indexer_scores_kernel
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES
+from unified_attn.backends.triton.v4_ops import INDEX_DTYPES, check_row_cache
 
-INDEX_DTYPES = (torch.int32, torch.int64)
 # Entries and warps per program: the fastest of 32 / 64 / 128 / 256 entries with 2 to 16 warps
 # on an H100 at V4's shape (64 heads of 128), decode and prefill alike (benchmarks/README.md).
 BLOCK_E = 128
@@ -67,13 +67,7 @@ def _check(
             f"indexer scores: q and cache must share one dtype of {SUPPORTED_DTYPES}, got "
             f"{q.dtype} and {cache.dtype}"
         )
-    if cache.dim() != 3 or cache.shape[2] != width or cache.stride(2) != 1:
-        raise ValueError(
-            f"indexer scores: cache must be [num_blocks, entries_per_block, {width}] with "
-            f"contiguous features, got {tuple(cache.shape)} strides {cache.stride()}"
-        )
-    if width < 16 or width & (width - 1):
-        raise ValueError(f"indexer scores: head size {width} is not a power of two >= 16")
+    check_row_cache("indexer scores", cache, width)
     shapes = {
         "weights": (weights, (num_tokens, num_heads), (torch.float32,)),
         "out": (out, (num_tokens, -1), (torch.float32,)),

@@ -188,13 +188,7 @@ def checked_rows(
             f"gathered attention: q, cache and out must share one dtype of {SUPPORTED_DTYPES}, "
             f"got {q.dtype}, {cache.dtype}, {out.dtype}"
         )
-    if cache.dim() != 3 or cache.shape[2] != width or cache.stride(2) != 1:
-        raise ValueError(
-            f"gathered attention: cache must be [num_blocks, block_size, {width}] with "
-            f"contiguous features, got {tuple(cache.shape)} strides {cache.stride()}"
-        )
-    if width < 16 or width & (width - 1):
-        raise ValueError(f"gathered attention: head size {width} is not a power of two >= 16")
+    check_row_cache("gathered attention", cache, width)
     lists = (blocks, offsets, visible)
     if any(t.shape != blocks.shape or t.dim() != 2 or t.shape[0] != num_tokens for t in lists):
         raise ValueError(
@@ -209,6 +203,18 @@ def checked_rows(
         )
     # no copy when they are contiguous already
     return blocks.contiguous(), offsets.contiguous(), visible.contiguous().view(torch.uint8)
+
+
+def check_row_cache(what: str, cache: torch.Tensor, width: int) -> None:
+    """A paged cache of rows `[num_blocks, rows_per_block, width]` (contiguous features, a
+    power-of-two width >= 16), as the gathering kernels read it; ValueError otherwise."""
+    if cache.dim() != 3 or cache.shape[2] != width or cache.stride(2) != 1:
+        raise ValueError(
+            f"{what}: cache must be [num_blocks, rows_per_block, {width}] with contiguous "
+            f"features, got {tuple(cache.shape)} strides {cache.stride()}"
+        )
+    if width < 16 or width & (width - 1):
+        raise ValueError(f"{what}: head size {width} is not a power of two >= 16")
 
 
 def gathered_attention_sets(
