@@ -7,18 +7,21 @@ Every expert runs on every token (weight 0 where not chosen): no data-dependent 
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend
+from unified_attn.models import hc_kernels
 from unified_attn.models.deepseek_v4_attention import (
     DeepseekV4Attention,
     V4Rotary,
     unweighted_rms,
     v4_norm,
 )
+from unified_attn.models.hc_kernels import serves_width
 
 if TYPE_CHECKING:
     from unified_attn.models.deepseek_v4 import DeepseekV4Config
@@ -43,22 +46,37 @@ class HyperConnection(nn.Module):
 
     def forward(self, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """streams `[T, N, D]` -> post `[T, N]`, comb `[T, N, N]`, collapsed `[T, D]`."""
-        hc = self.hc
         flat = unweighted_rms(streams.flatten(1).float(), self.norm_eps)
         mixes = nn.functional.linear(flat, self.fn.float())
-        pre_w, post_w, comb_w = mixes.split([hc, hc, hc * hc], dim=-1)
-        pre_b, post_b, comb_b = self.base.split([hc, hc, hc * hc])
-        pre_s, post_s, comb_s = self.scale.unbind(0)
-        pre = torch.sigmoid(pre_w * pre_s + pre_b) + self.eps
-        post = 2 * torch.sigmoid(post_w * post_s + post_b)
-        comb = comb_w.view(-1, hc, hc) * comb_s + comb_b.view(hc, hc)
-        comb = torch.softmax(comb, dim=-1) + self.eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
+        if mixes.is_cuda and serves_width(mixes.shape[1]) is not None:  # one launch
+            pre, post, comb = hc_kernels.hc_weights(mixes, self.base, self.scale, self.eps,
+                                                    self.iters)  # fmt: skip
+        else:
+            pre, post, comb = hc_weights(mixes, self.base, self.scale, self.eps, self.iters)
         collapsed = (pre[:, :, None] * streams).sum(dim=1).to(streams.dtype)
         return post, comb, collapsed
+
+
+def hc_weights(
+    mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float, iters: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A hyper-connection's weights from its mixes `[T, (2 + N) * N]` (float32), `base` and
+    `scale [3]` (the model's dtype, promoted): `pre [T, N]`, `post [T, N]` and `comb [T, N, N]`
+    (softmax rows, then Sinkhorn-Knopp for `iters` rounds). The reference of
+    `hc_kernels.hc_weights`, which runs on CUDA."""
+    hc = math.isqrt(mixes.shape[1] + 1) - 1  # (2 + N) * N = (N + 1) ** 2 - 1
+    pre_w, post_w, comb_w = mixes.split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = base.split([hc, hc, hc * hc])
+    pre_s, post_s, comb_s = scale.unbind(0)
+    pre = torch.sigmoid(pre_w * pre_s + pre_b) + eps
+    post = 2 * torch.sigmoid(post_w * post_s + post_b)
+    comb = comb_w.view(-1, hc, hc) * comb_s + comb_b.view(hc, hc)
+    comb = torch.softmax(comb, dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return pre, post, comb
 
 
 def add_block_output(
