@@ -155,6 +155,9 @@ def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
     return nn.functional.silu(gate) * up
 
 
+BATCHED_BYTES = 256 * 2**20  # the most `Experts` holds as `[E, T, 2I]` to run experts at once
+
+
 class Experts(nn.Module):
     """`mlp.experts`: `gate_up_proj [E, 2I, D]` (gate rows, then up rows), `down_proj
     [E, D, I]`."""
@@ -169,13 +172,24 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(experts, hidden, inter))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Weighted sum over each token's chosen experts, added in expert order."""
+        """Weighted sum over each token's chosen experts, added in expert order. Few tokens
+        (decode) run every expert in two batched matrix products, summed in float32 and cast
+        once; more (prefill) loop over the experts, whose `[E, T, 2I]` would not fit
+        `BATCHED_BYTES`."""
+        experts, inner = self.gate_up_proj.shape[:2]
+        chosen = ids[:, :, None] == torch.arange(experts, device=ids.device)
+        weight = (weights[:, :, None] * chosen).sum(1)  # [T, E], 0: not chosen
+        if experts * x.shape[0] * inner * x.element_size() <= BATCHED_BYTES:
+            gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
+            hidden = clamped_swiglu(gate, up, self.limit)  # [E, T, I]
+            each = torch.matmul(hidden, self.down_proj.transpose(1, 2))  # [E, T, D]
+            return (each * weight.t()[:, :, None]).sum(0).to(x.dtype)
         out = torch.zeros_like(x)
-        for index in range(self.gate_up_proj.shape[0]):
-            weight = (weights * (ids == index)).sum(-1, keepdim=True)  # [T, 1], 0: not chosen
+        for index in range(experts):
             gate, up = nn.functional.linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
             hidden = clamped_swiglu(gate, up, self.limit)
-            out += (nn.functional.linear(hidden, self.down_proj[index]) * weight).to(x.dtype)
+            out += (nn.functional.linear(hidden, self.down_proj[index])
+                    * weight[:, index, None]).to(x.dtype)  # fmt: skip
         return out
 
 
