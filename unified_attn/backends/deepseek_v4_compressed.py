@@ -342,17 +342,18 @@ def entry_rows(
     """Each token's compressed rows `(blocks, offsets, visible, lengths)`, `[T, S]`: every entry
     of its request (S = E; the token sees the first `lengths [T]`), or the entries `topk [T, k]`
     names (S = k; -1 names none, a repeat is dropped; no prefix, lengths None)."""
-    blocks = index.read_blocks[index.request]
-    # read_offsets broadcasts over requests (entry e sits at the same offset in each)
-    offsets = index.read_offsets.expand_as(index.read_blocks)[index.request]
+    # read_offsets [1, E] broadcasts over requests (entry e sits at the same offset in each)
     if topk is None or num_entries == 0:
+        blocks = index.read_blocks[index.request]
+        offsets = index.read_offsets.expand_as(index.read_blocks)[index.request]
         return blocks, offsets, index.visible, index.num_visible
     names = topk.sort(dim=1).values  # an entry named twice is seen once: drop the repeats
     named = (names >= 0) & (names < num_entries)
     named[:, 1:] &= names[:, 1:] != names[:, :-1]
-    picks = names.clamp(0, num_entries - 1)
-    visible = named & index.visible.gather(1, picks)
-    return blocks.gather(1, picks), offsets.gather(1, picks), visible, None
+    picks = names.clamp(0, num_entries - 1)  # [T, k]: read only these, not every entry
+    blocks = index.read_blocks[index.request[:, None], picks]
+    visible = named & (picks < index.num_visible[:, None])  # complete entries are a prefix
+    return blocks, index.read_offsets[0][picks], visible, None
 
 
 def index_scores(
