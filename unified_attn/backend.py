@@ -21,11 +21,9 @@ The rules a backend keeps:
   backend declares (an attrs class, frozen where it can be, each field's device stated). It
   sets no other attribute. With `for_cudagraph_capture=True` the plan must read only tensors
   that later replays overwrite in place (the runner's persistent buffers, views of them, and
-  scratch the backend sizes for the largest captured batch). A backend whose graph-step plan
-  is device work alone (`plans_inside_cuda_graphs()`) is instead planned inside the graph:
-  its `prep_forward` of a `common.graph_step` step is captured with the forward, must not
-  synchronise with the host or read host values that change between replays, and is not
-  called at replays (the replay recomputes the plan from the persistent buffers).
+  scratch the backend sizes for the largest captured batch). With `plans_inside_cuda_graphs()`
+  a `common.graph_step` step's `prep_forward` is captured with the forward instead (not called
+  at replays, which re-plan from the persistent buffers): device work only, no host sync.
 - `forward` may be captured in a CUDA graph (when `supports_cuda_graphs()` is True), so it must
   not allocate memory that outlives the call, synchronise with the host, call `.item()` /
   `.tolist()` / `.cpu()`, or read host tensors; it reads only its arguments, `self.plan` and
@@ -165,10 +163,8 @@ class CommonAttentionMetadata:
     # of requests whose encoder ran), in the order of the key/value rows its layers get.
     encoder_seq_lens_cpu: torch.Tensor | None = None  # host [B] int32
     encoder_seq_lens: torch.Tensor | None = None  # device [B] int32
-    # A CUDA-graph decode step (its capture and every replay): each request row, padding rows
-    # included, has `max_query_len` tokens, and the host per-request fields (`*_cpu`) are
-    # placeholders that do not change between replays. A plan that needs per-request values
-    # computes them on the device from the device fields.
+    # A CUDA-graph decode step (capture and replays): every row, padding included, has
+    # `max_query_len` tokens; the `*_cpu` fields are placeholders (plan from the device ones).
     graph_step: bool = False
 
     @property
@@ -273,9 +269,8 @@ class AttentionBackend(ABC, Generic[PlanT]):
 
     @classmethod
     def plans_inside_cuda_graphs(cls) -> bool:
-        """True if `prep_forward` of a CUDA-graph step (`common.graph_step`) only runs device
-        work on the step's device fields: the runner captures it in the graph together with
-        the forward, so a replay re-plans on the device and the host plans nothing."""
+        """True if a graph step's `prep_forward` is device work alone (the rule above): the
+        runner captures it with the forward and does not call it at replays."""
         return False
 
     @classmethod

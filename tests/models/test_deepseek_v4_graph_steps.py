@@ -118,7 +118,7 @@ def test_a_graph_step_closes_the_windows_an_eager_step_closes():
         [0, 1, 2, 3], [1, 0, 0, 2], [True, False, True, True])  # fmt: skip
     assert layout.live.tolist() == [True] * 4 + [False] * 4 + [True] * 8
     eager = StepLayout(torch.tensor([0]), torch.tensor([9]), torch.tensor([9]),
-                       torch.tensor([10]), torch.tensor([True]))  # fmt: skip
+                       torch.tensor([10]))  # fmt: skip
     assert [t.tolist() for t in closing_windows(eager, 4)] == [[], [], []]
 
 

@@ -25,13 +25,17 @@ class StepLayout:
     positions: torch.Tensor  # [T] int64
     computed: torch.Tensor  # [B] int64: tokens cached before the step
     seq_lens: torch.Tensor  # [B] int64: computed + new
-    live: torch.Tensor  # [T] bool: the token belongs to a request (False: padding)
     padded: bool = False  # a CUDA-graph step (device tensors, fixed shapes)
     query_len: int = 0  # padded: tokens of every request row
 
     @property
     def num_tokens(self) -> int:
         return int(self.request.shape[0])
+
+    @property
+    def live(self) -> torch.Tensor:
+        """[T] bool: the token belongs to a request (False: a padding row, of length 0)."""
+        return (self.seq_lens > 0)[self.request]
 
     @property
     def device(self) -> torch.device:
@@ -47,8 +51,7 @@ def step_layout(common: CommonAttentionMetadata) -> StepLayout:
     computed = common.num_computed_tokens_cpu[:num_reqs].long()
     rows = torch.arange(request.shape[0])
     positions = computed[request] + rows - qsl[request]
-    live = torch.ones(request.shape[0], dtype=torch.bool)
-    return StepLayout(request, positions, computed, common.seq_lens_cpu[:num_reqs].long(), live)
+    return StepLayout(request, positions, computed, common.seq_lens_cpu[:num_reqs].long())
 
 
 def _padded_layout(common: CommonAttentionMetadata) -> StepLayout:
@@ -59,9 +62,8 @@ def _padded_layout(common: CommonAttentionMetadata) -> StepLayout:
     device = common.positions.device
     request = torch.arange(num_tokens, device=device) // q
     seq_lens = common.seq_lens[:num_reqs].long()
-    live = (seq_lens > 0)[request]
     return StepLayout(request, common.positions[:num_tokens].long(), seq_lens - q, seq_lens,
-                      live, padded=True, query_len=q)  # fmt: skip
+                      padded=True, query_len=q)  # fmt: skip
 
 
 def closing_windows(
