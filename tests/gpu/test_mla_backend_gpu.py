@@ -37,8 +37,10 @@ def test_triton_equals_the_reference(dtype, tolerance):
         same = next((i for i, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids,
                                                       strict=True)) if x != y), 16)  # fmt: skip
         # (a random tiny model has near-ties: in bf16 the greedy paths part after a few tokens,
-        # 70% of the tokens shared on an H200; every logit row up to the parting is compared)
-        assert (a.logits[: same + 1] - b.logits[: same + 1]).abs().max() < tolerance
+        # 70% of the tokens shared on an H200. The rows before the parting are compared: at the
+        # parting row itself a near-tie of the router can choose another expert, which moves
+        # that row's logits by more than rounding, 0.2 on an H100)
+        assert (a.logits[:same] - b.logits[:same]).abs().max() < tolerance
 
 
 @pytest.mark.skipif(not SM90, reason="the Hopper kernels need an sm90 GPU")

@@ -1,28 +1,47 @@
-"""DeepSeek-V4's routed experts: the batched form (every expert in two matrix products, for few
-tokens) and the per-expert loop (for many) give the same sum; the HF parity tests
-(test_deepseek_v4_hf.py) run the batched form against transformers."""
+"""DeepSeek's routed experts (`deepseek_moe.RoutedExperts`, V2/V3 and V4): the reference's
+batched form (every expert in two matrix products, for few tokens) and its per-expert loop (for
+many) give the same sum; the HF parity tests (test_deepseek_hf.py, test_deepseek_v4_hf.py) run
+the reference against transformers, test_grouped_experts.py the CUDA kernels against it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from unified_attn.models import V4_PRESETS
-from unified_attn.models import deepseek_v4_layers as layers
+from unified_attn.models import deepseek_moe
 
 
-def test_the_batched_experts_equal_the_loop_over_experts(monkeypatch):
-    config = V4_PRESETS["deepseek-v4-like"]
-    experts = layers.Experts(config)
+@pytest.mark.parametrize("limit", [None, 0.4])
+def test_the_batched_experts_equal_the_loop_over_experts(monkeypatch, limit):
+    experts = deepseek_moe.RoutedExperts(8, 32, 24, limit)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for param in experts.parameters():
             param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    x = torch.randn(9, config.hidden_size, generator=gen)
-    num = config.n_routed_experts
-    ids = torch.stack([torch.randperm(num, generator=gen)[:2] for _ in range(9)])
+    x = torch.randn(9, 32, generator=gen)
+    ids = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(9)])
     weights = torch.rand(9, 2, generator=gen)
     batched = experts(x, weights, ids)
-    monkeypatch.setattr(layers, "BATCHED_BYTES", 0)  # every token count takes the loop
+    monkeypatch.setattr(deepseek_moe, "BATCHED_BYTES", 0)  # every token count takes the loop
     looped = experts(x, weights, ids)
     torch.testing.assert_close(batched, looped, rtol=1e-5, atol=1e-6)
     assert batched.abs().max() > 0.1  # the experts did contribute
+
+
+def test_per_expert_matrices_are_stacked_and_incomplete_sets_kept_for_the_name_check():
+    gen = torch.Generator().manual_seed(1)
+    gate, up, down = (torch.randn(3, 4, 5, generator=gen) for _ in range(3))
+    state = {"m.experts.0.gate_proj.weight": gate[0], "m.shared_experts.gate_proj.weight": up[0]}
+    for e in range(3):
+        for name, tensor in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+            state[f"l.experts.{e}.{name}.weight"] = tensor[e]
+    out = deepseek_moe.stack_expert_weights(state, "gate_proj", "up_proj", "down_proj")
+    torch.testing.assert_close(out["l.experts.gate_up_proj"], torch.cat([gate, up], dim=1))
+    torch.testing.assert_close(out["l.experts.down_proj"], down)
+    # expert 0 alone, with no up or down: left under its own name, for check_state to report
+    assert set(out) == {
+        "l.experts.gate_up_proj",
+        "l.experts.down_proj",
+        "m.experts.0.gate_proj.weight",
+        "m.shared_experts.gate_proj.weight",
+    }

@@ -15,6 +15,7 @@ import torch
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig, Version
+from unified_attn.models.deepseek_moe import stack_expert_weights
 from unified_attn.models.fp8_checkpoint import fp8_blocks
 from unified_attn.models.hf_config import HFConfig, mla_version, read_hf_config
 from unified_attn.models.hf_rope import rope_fields
@@ -145,7 +146,8 @@ def load_checked(
 
 
 def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[str, torch.Tensor]:
-    """Without RoPE buffers, multi-token-prediction layers and a tied LM head's copy."""
+    """Without RoPE buffers, multi-token-prediction layers and a tied LM head's copy; the routed
+    experts' per-expert matrices stacked (`deepseek_moe.stack_expert_weights`)."""
     state = {}
     for name, tensor in raw.items():
         parts = name.split(".")
@@ -154,7 +156,7 @@ def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[s
             state[name] = tensor
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return state
+    return stack_expert_weights(state, "gate_proj", "up_proj", "down_proj")
 
 
 def check_state(

@@ -18,6 +18,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek_hf import load_checked
+from unified_attn.models.deepseek_moe import stack_expert_weights
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
 from unified_attn.models.fp8_checkpoint import fp8_blocks
@@ -154,31 +155,16 @@ _RENAMES = [
     (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
     (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
 ]  # fmt: skip
-_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(w[123])\.weight$")
-
-
 def checkpoint_names(raw: dict[str, torch.Tensor], config: DeepseekV4Config) -> dict[str, Any]:
     """Our parameter names: renamed as transformers does, per-expert `w1`/`w3` (gate/up) stacked
     into `gate_up_proj [E, 2I, D]` and `w2` into `down_proj [E, D, I]`; RoPE buffers,
     multi-token-prediction weights and a tied head's copy dropped."""
     state: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
     for name, tensor in raw.items():
         key = _renamed(name)
-        if key is None or _dropped(key, config):
-            continue
-        match = _EXPERT.match(key)
-        if match:
-            prefix, index, which = match.groups()
-            experts.setdefault(prefix, {}).setdefault(which, {})[int(index)] = tensor
-        else:
+        if key is not None and not _dropped(key, config):
             state[key] = tensor
-    for prefix, parts in experts.items():
-        stack = {w: torch.stack([parts[w][e] for e in sorted(parts[w])]) for w in parts}
-        if {"w1", "w2", "w3"} <= stack.keys():
-            state[f"{prefix}.gate_up_proj"] = torch.cat([stack["w1"], stack["w3"]], dim=1)
-            state[f"{prefix}.down_proj"] = stack["w2"]
-    return state
+    return stack_expert_weights(state, "w1", "w3", "w2")
 
 
 def _renamed(name: str) -> str | None:

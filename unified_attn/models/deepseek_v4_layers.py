@@ -2,7 +2,8 @@
 manifold-constrained hyper-connections (`hc_mult` residual streams mixed by Sinkhorn-projected
 weights), the final `HyperHead`, and the MoE (hash-routed `tid2eid` lookup on the first layers,
 top-k routed with a correction bias on the others; clamped SwiGLU experts plus a shared one).
-Every expert runs on every token (weight 0 where not chosen): no data-dependent shapes.
+The routed experts are `deepseek_moe.RoutedExperts` (on CUDA each expert runs only on its
+tokens).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.models import hc_kernels
+from unified_attn.models.deepseek_moe import RoutedExperts, swiglu
 from unified_attn.models.deepseek_v4_attention import (
     DeepseekV4Attention,
     V4Rotary,
@@ -150,49 +152,6 @@ class Router(nn.Module):
         return weights * self.scale, ids
 
 
-def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
-    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-    return nn.functional.silu(gate) * up
-
-
-BATCHED_BYTES = 256 * 2**20  # the most `Experts` holds as `[E, T, 2I]` to run experts at once
-
-
-class Experts(nn.Module):
-    """`mlp.experts`: `gate_up_proj [E, 2I, D]` (gate rows, then up rows), `down_proj
-    [E, D, I]`."""
-
-    def __init__(self, config: DeepseekV4Config) -> None:
-        super().__init__()
-        experts, hidden, inter = (
-            config.n_routed_experts, config.hidden_size, config.moe_intermediate_size,
-        )  # fmt: skip
-        self.limit = config.swiglu_limit
-        self.gate_up_proj = nn.Parameter(torch.zeros(experts, 2 * inter, hidden))
-        self.down_proj = nn.Parameter(torch.zeros(experts, hidden, inter))
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Weighted sum over each token's chosen experts, added in expert order. Few tokens
-        (decode) run every expert in two batched matrix products, summed in float32 and cast
-        once; more (prefill) loop over the experts, whose `[E, T, 2I]` would not fit
-        `BATCHED_BYTES`."""
-        experts, inner = self.gate_up_proj.shape[:2]
-        chosen = ids[:, :, None] == torch.arange(experts, device=ids.device)
-        weight = (weights[:, :, None] * chosen).sum(1)  # [T, E], 0: not chosen
-        if experts * x.shape[0] * inner * x.element_size() <= BATCHED_BYTES:
-            gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-            hidden = clamped_swiglu(gate, up, self.limit)  # [E, T, I]
-            each = torch.matmul(hidden, self.down_proj.transpose(1, 2))  # [E, T, D]
-            return (each * weight.t()[:, :, None]).sum(0).to(x.dtype)
-        out = torch.zeros_like(x)
-        for index in range(experts):
-            gate, up = nn.functional.linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
-            hidden = clamped_swiglu(gate, up, self.limit)
-            out += (nn.functional.linear(hidden, self.down_proj[index])
-                    * weight[:, index, None]).to(x.dtype)  # fmt: skip
-        return out
-
-
 class SharedExpert(nn.Module):
     """`mlp.shared_experts`: one clamped SwiGLU MLP of `moe_intermediate_size` on every token."""
 
@@ -205,7 +164,7 @@ class SharedExpert(nn.Module):
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit)
+        hidden = swiglu(self.gate_proj(x), self.up_proj(x), self.limit)
         return cast(torch.Tensor, self.down_proj(hidden))
 
 
@@ -213,7 +172,8 @@ class MoE(nn.Module):
     def __init__(self, config: DeepseekV4Config, index: int) -> None:
         super().__init__()
         self.gate = Router(config, config.mlp_layer_types[index] == "hash_moe")
-        self.experts = Experts(config)
+        self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size,
+                                     config.moe_intermediate_size, config.swiglu_limit)
         self.shared_experts = SharedExpert(config)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
