@@ -43,8 +43,8 @@ from common import (
 )
 
 from unified_attn.harness.bench import machine_info
-from unified_attn.models.deepseek_moe import RoutedExperts, swiglu
 from unified_attn.models.grouped_experts import GroupedConfig, default_config, grouped_experts
+from unified_attn.models.moe import RoutedExperts, swiglu
 
 SHAPES = {
     "deepseek-v3": (256, 8, 7168, 2048),

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unified_attn.models.deepseek_moe import RoutedExperts, swiglu
 from unified_attn.models.grouped_experts import grouped_experts
+from unified_attn.models.moe import RoutedExperts, swiglu
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

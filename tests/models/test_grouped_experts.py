@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from unified_attn.models import grouped_experts as grouped
-from unified_attn.models.deepseek_moe import RoutedExperts
 from unified_attn.models.grouped_experts import GroupedConfig, expert_blocks, grouped_experts
+from unified_attn.models.moe import RoutedExperts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -155,20 +155,24 @@ def test_qwen2_moe_config_translates(checkpoints):
 
 
 def test_mixtral_expert_weights_load_under_their_checkpoint_names(checkpoints):
-    # Mixtral checkpoints name the experts block_sparse_moe.experts.{e}.w1/w3/w2.
+    # Mixtral checkpoints name the experts block_sparse_moe.experts.{e}.w1/w3/w2; the loader
+    # stacks them into mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj.
     _, _, ours, path = checkpoints("mixtral")
     from safetensors.torch import load_file
 
     saved = load_file(path / "model.safetensors")
     ours_state = ours.state_dict()
-    for saved_name, ours_name in [
-        ("block_sparse_moe.gate.weight", "mlp.gate.weight"),
-        ("block_sparse_moe.experts.3.w1.weight", "mlp.experts.3.gate_proj.weight"),
-        ("block_sparse_moe.experts.3.w3.weight", "mlp.experts.3.up_proj.weight"),
-        ("block_sparse_moe.experts.3.w2.weight", "mlp.experts.3.down_proj.weight"),
+    prefix = "model.layers.1."
+    saved_expert = prefix + "block_sparse_moe.experts.3."
+    gate_up, down = (ours_state[prefix + f"mlp.experts.{n}"] for n in ("gate_up_proj", "down_proj"))
+    inter = gate_up.shape[1] // 2
+    for theirs, ours_part in [
+        (prefix + "block_sparse_moe.gate.weight", ours_state[prefix + "mlp.gate.weight"]),
+        (saved_expert + "w1.weight", gate_up[3, :inter]),
+        (saved_expert + "w3.weight", gate_up[3, inter:]),
+        (saved_expert + "w2.weight", down[3]),
     ]:
-        prefix = "model.layers.1."
-        assert torch.equal(saved[prefix + saved_name], ours_state[prefix + ours_name])
+        assert torch.equal(saved[theirs], ours_part)
 
 
 # Config variants beyond the families' own (one transformers model each, prompt logits only).

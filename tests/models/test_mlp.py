@@ -63,6 +63,6 @@ def test_moe_model_mlps_per_layer():
     kinds = [type(make_mlp(moe, i)) for i in range(3)]
     assert kinds == [SparseMoEMLP, MLP, SparseMoEMLP]
     assert make_mlp(moe, 1).down_proj.in_features == 96  # dense layers: intermediate_size
-    assert make_mlp(moe, 0).experts[0].down_proj.in_features == 32  # experts: their own
+    assert make_mlp(moe, 0).experts.down_proj.shape == (4, 128, 32)  # experts: their own width
     gpt_oss = attrs.evolve(moe, moe=MoEConfig(num_experts=4, top_k=2), dense_mlp_layers=())
     assert isinstance(make_mlp(gpt_oss, 0), MoEMLP)

@@ -104,20 +104,6 @@ def hf_sparse_block(kind: str, dtype: torch.dtype, seed: int = 0, **overrides):
     return block.to(dtype)
 
 
-def per_expert_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers 5's batched experts (`experts.gate_up_proj [E, 2I, H]`, gate rows first;
-    `experts.down_proj [E, H, I]`) as one SwiGLU MLP per expert, the checkpoint layout."""
-    state = dict(state)
-    if "experts.gate_up_proj" in state:
-        gate_up, down = state.pop("experts.gate_up_proj"), state.pop("experts.down_proj")
-        for e in range(gate_up.shape[0]):
-            gate, up = gate_up[e].chunk(2, dim=0)
-            state[f"experts.{e}.gate_proj.weight"] = gate
-            state[f"experts.{e}.up_proj.weight"] = up
-            state[f"experts.{e}.down_proj.weight"] = down[e]
-    return state
-
-
 def our_sparse_block(kind: str, dtype: torch.dtype, norm_topk_prob: bool = True):
     shared = 40 if kind == "qwen2_moe" else None
     moe = MoEConfig(
@@ -144,7 +130,7 @@ def our_sparse_block(kind: str, dtype: torch.dtype, norm_topk_prob: bool = True)
 def test_sparse_moe_matches_transformers(kind, overrides, dtype):
     theirs = hf_sparse_block(kind, dtype, **overrides)
     ours = our_sparse_block(kind, dtype, overrides.get("norm_topk_prob", True))
-    ours.load_state_dict(per_expert_state(theirs.state_dict()))
+    ours.load_state_dict(theirs.state_dict())  # transformers 5 stacks the experts too
     x = torch.randn(1, 37, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.no_grad():
         expected = theirs(x)

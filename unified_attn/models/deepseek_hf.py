@@ -15,10 +15,10 @@ import torch
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig, Version
-from unified_attn.models.deepseek_moe import stack_expert_weights
 from unified_attn.models.fp8_checkpoint import fp8_blocks
 from unified_attn.models.hf_config import HFConfig, mla_version, read_hf_config
 from unified_attn.models.hf_rope import rope_fields
+from unified_attn.models.moe import stack_expert_weights
 
 # config.json fields a DeepSeek config copies unchanged, and their transformers defaults (a
 # missing field takes its default; an explicit null stays None, as in transformers)
@@ -147,7 +147,7 @@ def load_checked(
 
 def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[str, torch.Tensor]:
     """Without RoPE buffers, multi-token-prediction layers and a tied LM head's copy; the routed
-    experts' per-expert matrices stacked (`deepseek_moe.stack_expert_weights`)."""
+    experts' per-expert matrices stacked (`moe.stack_expert_weights`)."""
     state = {}
     for name, tensor in raw.items():
         parts = name.split(".")

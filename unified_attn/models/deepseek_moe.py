@@ -7,24 +7,19 @@ are largest, the top-k experts of those by the same sum, and weights them by the
 within the `topk_group` groups of largest maximum (`group_limited_greedy`), never renormalised
 (as transformers). Both multiply the weights by `routed_scaling_factor`.
 
-`RoutedExperts` holds the routed experts stacked, as transformers does (`gate_up_proj [E, 2I,
-D]`, `down_proj [E, D, I]`; DeepSeek-V4's `Experts` too): on CUDA each expert runs only on its
-tokens (`grouped_experts`), elsewhere every expert runs on every token with weight 0 where not
-chosen. `stack_expert_weights` stacks checkpoints' per-expert matrices into that layout.
+The routed experts are `moe.RoutedExperts`, stacked as transformers holds them: on CUDA each
+expert runs only on its tokens (`grouped_experts`), elsewhere every expert runs on every token
+with weight 0 where not chosen.
 """
 
 from __future__ import annotations
-
-import re
 
 import torch
 from torch import nn
 
 from unified_attn.models.deepseek_config import DeepseekConfig
-from unified_attn.models.grouped_experts import grouped_experts
 from unified_attn.models.mlp import MLP
-
-BATCHED_BYTES = 256 * 2**20  # the most the reference holds as `[E, T, 2I]` to run experts at once
+from unified_attn.models.moe import RoutedExperts
 
 
 class DeepseekRouter(nn.Module):
@@ -76,86 +71,6 @@ def _keep_best_groups(
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
     keep = keep[:, :, None].expand_as(_groups(scores, cfg)).reshape(scores.shape)
     return scores.masked_fill(~keep, fill)
-
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
-    """`silu(gate) * up`; with `limit` (DeepSeek-V4) gate clamped to at most `limit` and up to
-    `[-limit, limit]` first."""
-    if limit is not None:
-        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-    return nn.functional.silu(gate) * up
-
-
-class RoutedExperts(nn.Module):
-    """`mlp.experts`: `gate_up_proj [E, 2I, D]` (gate rows, then up rows), `down_proj
-    [E, D, I]`; SwiGLU experts, clamped to `limit` when given (DeepSeek-V4)."""
-
-    def __init__(
-        self, num_experts: int, hidden_size: int, intermediate_size: int, limit: float | None
-    ) -> None:
-        super().__init__()
-        self.limit = limit
-        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size,
-                                                     hidden_size))  # fmt: skip
-        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x `[T, D]`, the router's weights and expert ids `[T, k]` -> the weighted sum over each
-        token's chosen experts `[T, D]`: the grouped kernels on CUDA, else `reference`."""
-        if x.is_cuda:
-            return grouped_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit)
-        return self.reference(x, weights, ids)
-
-    def reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Every expert on every token, weight 0 where not chosen, added in expert order (as
-        transformers). Few tokens run every expert in two batched matrix products, summed in
-        float32 and cast once; more loop over the experts, whose `[E, T, 2I]` would not fit
-        `BATCHED_BYTES`."""
-        experts, inner = self.gate_up_proj.shape[:2]
-        chosen = ids[:, :, None] == torch.arange(experts, device=ids.device)
-        weight = (weights[:, :, None] * chosen).sum(1)  # [T, E], 0: not chosen
-        if experts * x.shape[0] * inner * x.element_size() <= BATCHED_BYTES:
-            gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
-            hidden = swiglu(gate, up, self.limit)  # [E, T, I]
-            each = torch.matmul(hidden, self.down_proj.transpose(1, 2))  # [E, T, D]
-            return (each * weight.t()[:, :, None]).sum(0).to(x.dtype)
-        out = torch.zeros_like(x)
-        for index in range(experts):
-            gate, up = nn.functional.linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
-            hidden = swiglu(gate, up, self.limit)
-            out += (nn.functional.linear(hidden, self.down_proj[index])
-                    * weight[:, index, None]).to(x.dtype)  # fmt: skip
-        return out
-
-
-_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
-
-
-def stack_expert_weights(
-    state: dict[str, torch.Tensor], gate: str, up: str, down: str
-) -> dict[str, torch.Tensor]:
-    """`state` with each set of per-expert matrices `{prefix}.{e}.{gate|up|down}.weight`
-    stacked into `{prefix}.gate_up_proj [E, 2I, D]` and `{prefix}.down_proj [E, D, I]`. A set
-    whose experts are not exactly 0..E-1 for all three is left as it is, so the loader's name
-    check reports it."""
-    out: dict[str, torch.Tensor] = {}
-    sets: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
-    for name, tensor in state.items():
-        match = _PER_EXPERT.match(name)
-        if match and match.group(3) in (gate, up, down):
-            prefix, index, which = match.groups()
-            sets.setdefault(prefix, {}).setdefault(which, {})[int(index)] = tensor
-        else:
-            out[name] = tensor
-    for prefix, parts in sets.items():
-        count = len(parts.get(gate, ()))
-        if all(sorted(parts.get(w, ())) == list(range(count)) for w in (gate, up, down)):
-            stack = {w: torch.stack([parts[w][e] for e in range(count)]) for w in parts}
-            out[f"{prefix}.gate_up_proj"] = torch.cat([stack[gate], stack[up]], dim=1)
-            out[f"{prefix}.down_proj"] = stack[down]
-        else:
-            out.update({f"{prefix}.{e}.{w}.weight": t for w in parts for e, t in parts[w].items()})
-    return out
 
 
 class DeepseekMoE(nn.Module):

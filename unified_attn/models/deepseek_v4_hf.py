@@ -18,12 +18,12 @@ import torch
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek_hf import load_checked
-from unified_attn.models.deepseek_moe import stack_expert_weights
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
 from unified_attn.models.fp8_checkpoint import fp8_blocks
 from unified_attn.models.hf_config import HFConfig, is_deepseek_v4, read_hf_config
 from unified_attn.models.hf_rope import rope
+from unified_attn.models.moe import stack_expert_weights
 
 _DEFAULTS: dict[str, Any] = dict(
     vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43,
@@ -155,6 +155,8 @@ _RENAMES = [
     (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
     (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
 ]  # fmt: skip
+
+
 def checkpoint_names(raw: dict[str, torch.Tensor], config: DeepseekV4Config) -> dict[str, Any]:
     """Our parameter names: renamed as transformers does, per-expert `w1`/`w3` (gate/up) stacked
     into `gate_up_proj [E, 2I, D]` and `w2` into `down_proj [E, D, I]`; RoPE buffers,

@@ -2,7 +2,7 @@
 manifold-constrained hyper-connections (`hc_mult` residual streams mixed by Sinkhorn-projected
 weights), the final `HyperHead`, and the MoE (hash-routed `tid2eid` lookup on the first layers,
 top-k routed with a correction bias on the others; clamped SwiGLU experts plus a shared one).
-The routed experts are `deepseek_moe.RoutedExperts` (on CUDA each expert runs only on its
+The routed experts are `moe.RoutedExperts` (on CUDA each expert runs only on its
 tokens).
 """
 
@@ -16,7 +16,6 @@ from torch import nn
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.models import hc_kernels
-from unified_attn.models.deepseek_moe import RoutedExperts, swiglu
 from unified_attn.models.deepseek_v4_attention import (
     DeepseekV4Attention,
     V4Rotary,
@@ -24,6 +23,7 @@ from unified_attn.models.deepseek_v4_attention import (
     v4_norm,
 )
 from unified_attn.models.hc_kernels import serves_width
+from unified_attn.models.moe import RoutedExperts, swiglu
 
 if TYPE_CHECKING:
     from unified_attn.models.deepseek_v4 import DeepseekV4Config
@@ -172,8 +172,12 @@ class MoE(nn.Module):
     def __init__(self, config: DeepseekV4Config, index: int) -> None:
         super().__init__()
         self.gate = Router(config, config.mlp_layer_types[index] == "hash_moe")
-        self.experts = RoutedExperts(config.n_routed_experts, config.hidden_size,
-                                     config.moe_intermediate_size, config.swiglu_limit)
+        self.experts = RoutedExperts(
+            config.n_routed_experts,
+            config.hidden_size,
+            config.moe_intermediate_size,
+            config.swiglu_limit,
+        )
         self.shared_experts = SharedExpert(config)
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

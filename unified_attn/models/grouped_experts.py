@@ -1,7 +1,7 @@
 """Routed experts run sparsely: each expert multiplies only the tokens routed to it (CUDA; the
 interpreter in tests).
 
-The dense reference (`deepseek_moe.RoutedExperts` off CUDA) runs every expert on every token
+The dense reference (`moe.RoutedExperts` off CUDA) runs every expert on every token
 with weight 0 where it was not chosen. At DeepSeek-V3's 256 experts with 8 chosen that is 32x
 the matrix work, and a decode step reads every expert's weights. Here, with no host sync and
 shapes that follow from the inputs' alone (so a decode step can be captured in a CUDA graph):

@@ -32,6 +32,7 @@ from unified_attn.models.hf_config import (
     supported_architectures,
 )
 from unified_attn.models.layers import Attention
+from unified_attn.models.moe import stack_expert_weights
 from unified_attn.models.tokenizer import HFTokenizer, load_tokenizer
 
 __all__ = [
@@ -269,6 +270,8 @@ def _as_model_names(
     }
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
+    if config.moe is not None and config.moe.expert_kind == "swiglu":
+        state = stack_expert_weights(state, "gate_proj", "up_proj", "down_proj")
     return state
 
 

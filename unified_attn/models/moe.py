@@ -1,6 +1,8 @@
-"""Mixtures of experts as plain loops over experts (run anywhere, graph-capturable): every
-expert runs on every token with weight 0 where it was not chosen, so there are no
-data-dependent shapes and no host sync.
+"""Mixtures of experts, with no data-dependent shapes and no host sync (graph-capturable).
+
+`RoutedExperts` (SwiGLU experts: Mixtral, Qwen2-MoE, DeepSeek-V2/V3/V4) runs each expert only on
+its tokens on CUDA (`grouped_experts`); off CUDA, and GPT-OSS's `Experts` everywhere, every
+expert runs on every token with weight 0 where it was not chosen.
 
 Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
 
@@ -8,17 +10,22 @@ Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
   `mlp.experts.gate_up_proj [E, H, 2I]` with gate and up interleaved along the last dim,
   `gate_up_proj_bias [E, 2I]`, `down_proj [E, I, H]`, `down_proj_bias [E, H]`.
 - `swiglu` (Mixtral, Qwen2-MoE, `SparseMoEMLP`): `mlp.gate.weight [E, H]`;
-  `mlp.experts.{e}.gate_proj / up_proj / down_proj.weight` (plain SwiGLU MLPs); Qwen2-MoE's
-  `mlp.shared_expert.*` and `mlp.shared_expert_gate.weight [1, H]`. Mixtral checkpoints name
-  them `block_sparse_moe.*` and `w1 / w3 / w2`; `hf_families.WEIGHT_RENAMES` maps those names.
+  `mlp.experts.gate_up_proj [E, 2I, H]` (gate rows, then up rows) and `down_proj [E, H, I]`;
+  Qwen2-MoE's `mlp.shared_expert.*` and `mlp.shared_expert_gate.weight [1, H]`. Checkpoints
+  store each expert apart (`mlp.experts.{e}.gate_proj / up_proj / down_proj.weight`; Mixtral's
+  `block_sparse_moe.*` and `w1 / w3 / w2`, which `hf_families.WEIGHT_RENAMES` maps): the loader
+  stacks them (`stack_expert_weights`).
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 from torch import nn
 
 from unified_attn.models.config import ModelConfig, MoEConfig
+from unified_attn.models.grouped_experts import grouped_experts
 from unified_attn.models.mlp import MLP
 
 
@@ -65,7 +72,7 @@ class TopKRouter(nn.Module):
         return x.sum(dim=-1, keepdim=True)
 
 
-def _expert_weight(
+def expert_weight(
     routing_weights: torch.Tensor, expert_ids: torch.Tensor, index: int
 ) -> torch.Tensor:
     """`[T, 1]`: each token's routing weight for expert `index`, 0 where it was not chosen."""
@@ -111,9 +118,78 @@ class Experts(nn.Module):
         data-dependent shapes, so no host sync."""
         out = torch.zeros_like(x)
         for index in range(self.gate_up_proj.shape[0]):
-            weight = _expert_weight(routing_weights, expert_ids, index)
+            weight = expert_weight(routing_weights, expert_ids, index)
             out += (self.expert(index, x) * weight).to(x.dtype)
         return out
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """`silu(gate) * up`; with `limit` (DeepSeek-V4) gate clamped to at most `limit` and up to
+    `[-limit, limit]` first."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return nn.functional.silu(gate) * up
+
+
+class RoutedExperts(nn.Module):
+    """`mlp.experts`: `gate_up_proj [E, 2I, D]` (gate rows, then up rows), `down_proj
+    [E, D, I]`; SwiGLU experts, clamped to `limit` when given (DeepSeek-V4)."""
+
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, limit: float | None
+    ) -> None:
+        super().__init__()
+        self.limit = limit
+        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size,
+                                                     hidden_size))  # fmt: skip
+        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x `[T, D]`, the router's weights and expert ids `[T, k]` -> the weighted sum over each
+        token's chosen experts `[T, D]`: the grouped kernels on CUDA, else `reference`."""
+        if x.is_cuda:
+            return grouped_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit)
+        return self.reference(x, weights, ids)
+
+    def reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token, weight 0 where not chosen, each weighted output rounded
+        to x's dtype and added in expert order: transformers' sum, rounding included."""
+        out = torch.zeros_like(x)
+        for index in range(self.gate_up_proj.shape[0]):
+            gate, up = nn.functional.linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
+            each = nn.functional.linear(swiglu(gate, up, self.limit), self.down_proj[index])
+            out += (each * expert_weight(weights, ids, index)).to(x.dtype)
+        return out
+
+
+_PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")
+
+
+def stack_expert_weights(
+    state: dict[str, torch.Tensor], gate: str, up: str, down: str
+) -> dict[str, torch.Tensor]:
+    """`state` with each set of per-expert matrices `{prefix}.{e}.{gate|up|down}.weight`
+    stacked into `{prefix}.gate_up_proj [E, 2I, D]` and `{prefix}.down_proj [E, D, I]`. A set
+    whose experts are not exactly 0..E-1 for all three is left as it is, so the loader's name
+    check reports it."""
+    out: dict[str, torch.Tensor] = {}
+    sets: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for name, tensor in state.items():
+        match = _PER_EXPERT.match(name)
+        if match and match.group(3) in (gate, up, down):
+            prefix, index, which = match.groups()
+            sets.setdefault(prefix, {}).setdefault(which, {})[int(index)] = tensor
+        else:
+            out[name] = tensor
+    for prefix, parts in sets.items():
+        count = len(parts.get(gate, ()))
+        if all(sorted(parts.get(w, ())) == list(range(count)) for w in (gate, up, down)):
+            stack = {w: torch.stack([parts[w][e] for e in range(count)]) for w in parts}
+            out[f"{prefix}.gate_up_proj"] = torch.cat([stack[gate], stack[up]], dim=1)
+            out[f"{prefix}.down_proj"] = stack[down]
+        else:
+            out.update({f"{prefix}.{e}.{w}.weight": t for w in parts for e, t in parts[w].items()})
+    return out
 
 
 class MoEMLP(nn.Module):
@@ -145,18 +221,14 @@ class SparseMoEMLP(nn.Module):
         hidden = config.hidden_size
         inter = moe.intermediate_size or config.intermediate_size
         self.gate = TopKRouter(hidden, moe, bias=False)
-        self.experts = nn.ModuleList(MLP(hidden, inter) for _ in range(moe.num_experts))
+        self.experts = RoutedExperts(moe.num_experts, hidden, inter, None)
         shared = moe.shared_expert_intermediate_size
         self.shared_expert = None if shared is None else MLP(hidden, shared)
         self.shared_expert_gate = None if shared is None else nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x `[T, H]` -> `[T, H]`; experts added in expert order, as transformers."""
-        routing_weights, expert_ids = self.gate(x)
-        out = torch.zeros_like(x)
-        for index, expert in enumerate(self.experts):
-            weight = _expert_weight(routing_weights, expert_ids, index)
-            out += (expert(x) * weight).to(x.dtype)
+        """x `[T, H]` -> `[T, H]`."""
+        out = self.experts(x, *self.gate(x))
         if self.shared_expert is not None and self.shared_expert_gate is not None:
             out = out + self._gate(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -245,10 +245,17 @@ def _slice(
     r, d = plan.rank, config.head_size
     kv = _rows(plan.kv_head_start * d, plan.num_kv_heads * d)
     module, kind = name.rsplit(".", 2)[-2:]  # e.g. "q_proj", "weight"
+    if config.moe is not None and config.moe.expert_kind == "swiglu":
+        if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
+            gate, up = full.chunk(2, dim=1)
+            part = slice(r * shape[1] // 2, (r + 1) * shape[1] // 2)
+            return torch.cat([gate[:, part], up[:, part]], dim=1)
+        if name.endswith("experts.down_proj"):  # [E, H, I]
+            return full[..., r * shape[-1] : (r + 1) * shape[-1]]
     if name.endswith(("experts.gate_up_proj", "experts.gate_up_proj_bias")):
-        width = shape[-1]  # batched experts: gate and up interleaved, so pairs stay together
+        width = shape[-1]  # GPT-OSS: gate and up interleaved, so pairs stay together
         return full[..., r * width : (r + 1) * width]
-    if name.endswith("experts.down_proj"):  # [E, I, H]
+    if name.endswith("experts.down_proj"):  # GPT-OSS [E, I, H]
         return full[:, r * shape[1] : (r + 1) * shape[1]]
     if name.endswith("experts.down_proj_bias"):  # added once: by rank 0
         return full if r == 0 else torch.zeros_like(full)

@@ -25,7 +25,14 @@ from unified_attn.models.invariant.ops import (
 from unified_attn.models.layers import Attention, DecoderLayer, RMSNorm
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import MLP
-from unified_attn.models.moe import Experts, MoEMLP, SparseMoEMLP, TopKRouter
+from unified_attn.models.moe import (
+    Experts,
+    MoEMLP,
+    RoutedExperts,
+    SparseMoEMLP,
+    TopKRouter,
+    expert_weight,
+)
 from unified_attn.models.rope import RotaryEmbedding
 
 
@@ -66,6 +73,21 @@ class InvariantExperts(Experts):
         return sigmoid(x)
 
 
+class InvariantRoutedExperts(RoutedExperts):
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token (weight 0 where not chosen), added in expert order, each
+        product batch-invariant (the grouped kernels' tiles follow the batch, so they are not)."""
+        out = torch.zeros_like(x)
+        for index in range(self.gate_up_proj.shape[0]):
+            gate, up = invariant_linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
+            if self.limit is not None:  # clamps are exact: invariant as they are
+                gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+            hidden = elementwise(nn.functional.silu, gate) * up
+            each = invariant_linear(hidden, self.down_proj[index])
+            out += (each * expert_weight(weights, ids, index)).to(x.dtype)
+        return out
+
+
 class InvariantMLP(MLP):
     def _activate(self, gate: torch.Tensor) -> torch.Tensor:
         return elementwise(self.act, gate)
@@ -89,6 +111,7 @@ SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     RMSNorm: InvariantRMSNorm,
     TopKRouter: InvariantTopKRouter,
     Experts: InvariantExperts,
+    RoutedExperts: InvariantRoutedExperts,
     LinearAttention: InvariantLinearAttention,
     SparseMoEMLP: InvariantSparseMoEMLP,
     MLP: InvariantMLP,

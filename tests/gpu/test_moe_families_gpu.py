@@ -1,0 +1,34 @@
+"""Mixtral, Qwen2-MoE and DeepSeek-V3 checkpoints on the GPU (run through the device tool): the
+experts run grouped (`models/grouped_experts.py`) in eager prefill and in decode steps replayed
+from CUDA graphs, and give transformers' greedy tokens and prompt logits in float32 (the CPU
+parity tests check the reference path the same way)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.models.hf_models import hf_greedy, hf_logits, make_family_model, save_hf_model
+from tests.models.test_deepseek_hf import make_deepseek
+from unified_attn import LLMEngine, SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPTS = [[(5 * i + 3 * j) % 90 + 4 for j in range(n)] for i, n in enumerate([37, 12, 64])]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2-moe", "deepseek-v3"])
+def test_grouped_experts_give_transformers_tokens_and_logits(family, tmp_path):
+    hf = make_deepseek("v3") if family == "deepseek-v3" else make_family_model(family)
+    path = save_hf_model(hf, tmp_path / family)
+    engine = LLMEngine(str(path), device="cuda", dtype="float32", max_num_seqs=4,
+                       max_model_len=128, kv_cache_memory="64MiB")  # fmt: skip
+    params = SamplingParams(max_tokens=12, ignore_eos=True, return_logits=True)
+    outputs = engine.generate(PROMPTS, params)
+    assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.output_token_ids == hf_greedy(hf, prompt, 12)
+        # each generated token's logits: transformers' row before it over prompt + output
+        want = hf_logits(hf, prompt + out.output_token_ids)[len(prompt) - 1 : -1]
+        torch.testing.assert_close(torch.stack(list(out.logits)).float().cpu(), want,
+                                   rtol=1e-3, atol=1e-3)  # fmt: skip
