@@ -6,8 +6,10 @@ every token, `RoutedExperts.reference`), same run, with the hardware ceilings me
                                      [--dense-max 512] [--out DIR] [--quick]
 
 Shapes (experts, chosen per token, hidden size, expert width): DeepSeek-V3 (256, 8, 7168,
-2048; 22.5 GB of bf16 weights in the layer), Qwen3-30B-A3B (128, 8, 2048, 768), and the
-small MoE of benchmarks/v4_engine_decode.py's model (8, 2, 1024, 256). Each token
+2048; 22.5 GB of bf16 weights in the layer), Qwen3-30B-A3B (128, 8, 2048, 768), the small MoE
+of benchmarks/v4_engine_decode.py's model (8, 2, 1024, 256), all SwiGLU experts with gate and
+up as row blocks, and GPT-OSS-20B (32, 4, 2880, 2880: gate and up interleaved, biases, its
+clamped activation). Each token
 chooses k distinct experts uniformly at random, with random routing weights. Per case, the
 median time of each implementation replayed from a CUDA graph (`triton.testing.do_bench`; a
 decode step runs them so; the eager time is recorded too), and for the grouped kernels:
@@ -15,8 +17,9 @@ decode step runs them so; the eager time is recorded too), and for the grouped k
   copy bandwidth: the floor while few tokens share an expert (decode);
 - the routed FLOPs (`2 * T * k * 3 * D * I`) against the bf16 matmul ceiling: the floor when
   many do (prefill).
-The peer sorts the pairs by expert (argsort, gather), runs two `grouped_mm` with the SwiGLU
-between them, weights the rows and adds them back per token (`index_add_`). The dense form runs
+The peer sorts the pairs by expert (argsort, gather), runs two `grouped_mm` with the activation
+(and GPT-OSS's biases) between them, weights the rows and adds them back per token
+(`index_add_`). The dense form runs
 up to `--dense-max` tokens. Outputs are checked against a float32 sum over each sampled
 token's chosen experts. Writes `DIR/moe_experts.json` and `.png` (µs per call by token count).
 """
@@ -43,20 +46,26 @@ from common import (
 )
 
 from unified_attn.harness.bench import machine_info
+from unified_attn.models.config import MoEConfig
 from unified_attn.models.grouped_experts import GroupedConfig, default_config, grouped_experts
-from unified_attn.models.moe import RoutedExperts, swiglu
+from unified_attn.models.moe import Experts, RoutedExperts, swiglu
 
 SHAPES = {
     "deepseek-v3": (256, 8, 7168, 2048),
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "v4-engine-bench": (8, 2, 1024, 256),
+    "gpt-oss-20b": (32, 4, 2880, 2880),  # GPT-OSS's experts: interleaved, biases, clamped
 }
-QUICK_SHAPE = {"tiny": (16, 4, 256, 128)}
+QUICK_SHAPE = {"tiny": (16, 4, 256, 128), "tiny-gpt-oss": (8, 2, 256, 128)}
 
 
-def make_experts(shape: tuple[int, int, int, int]) -> RoutedExperts:
+def make_experts(name: str, shape: tuple[int, int, int, int]) -> RoutedExperts | Experts:
     num, _, hidden, inter = shape
-    experts = RoutedExperts(num, hidden, inter, None).to("cuda", torch.bfloat16)
+    experts: RoutedExperts | Experts = (
+        Experts(hidden, inter, MoEConfig(num_experts=num, top_k=shape[1]))
+        if "gpt-oss" in name else RoutedExperts(num, hidden, inter, None)
+    )  # fmt: skip
+    experts = experts.to("cuda", torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
         for param in experts.parameters():
@@ -75,8 +84,9 @@ def make_routing(shape: tuple[int, int, int, int], tokens: int) -> tuple[torch.T
 
 
 def grouped_mm_peer(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                    experts: RoutedExperts) -> torch.Tensor:  # fmt: skip
+                    experts: RoutedExperts | Experts) -> torch.Tensor:  # fmt: skip
     """torch's grouped GEMM over the pairs sorted by expert."""
+    grouped_mm = torch.nn.functional.grouped_mm
     num, k = experts.gate_up_proj.shape[0], ids.shape[1]
     flat = ids.reshape(-1)
     order = torch.argsort(flat)
@@ -84,11 +94,16 @@ def grouped_mm_peer(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     rows = x[order // k]
-    gate, up = torch.nn.functional.grouped_mm(
-        rows, experts.gate_up_proj.transpose(1, 2), offs=offs
-    ).chunk(2, dim=-1)
-    out = torch.nn.functional.grouped_mm(swiglu(gate, up), experts.down_proj.transpose(1, 2),
-                                         offs=offs)  # fmt: skip
+    if isinstance(experts, Experts):  # GPT-OSS: [E, H, 2I] interleaved, biases
+        owner = flat[order]
+        both = grouped_mm(rows, experts.gate_up_proj, offs=offs) + experts.gate_up_proj_bias[owner]
+        gate = both[:, ::2].clamp(max=experts.limit)
+        up = both[:, 1::2].clamp(min=-experts.limit, max=experts.limit)
+        hidden = (up + 1) * gate * torch.sigmoid(gate * experts.alpha)
+        out = grouped_mm(hidden, experts.down_proj, offs=offs) + experts.down_proj_bias[owner]
+    else:
+        gate, up = grouped_mm(rows, experts.gate_up_proj.transpose(1, 2), offs=offs).chunk(2, -1)
+        out = grouped_mm(swiglu(gate, up), experts.down_proj.transpose(1, 2), offs=offs)
     out = out.float() * weights.reshape(-1)[order, None]
     total = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     return total.index_add_(0, order // k, out).to(x.dtype)
@@ -107,34 +122,42 @@ def graphed(fn: Any) -> Any:
     return graph.replay
 
 
-def exact(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: RoutedExperts,
-          sample: list[int]) -> torch.Tensor:  # fmt: skip
-    """float32 sum over the chosen experts of the `sample` tokens."""
-    rows = []
-    for t in sample:
-        row = torch.zeros(x.shape[1], device="cuda")
-        for j, e in enumerate(ids[t].tolist()):
-            gate, up = (experts.gate_up_proj[e].float() @ x[t].float()).chunk(2)
-            row += weights[t, j] * (experts.down_proj[e].float() @ swiglu(gate, up))
-        rows.append(row)
-    return torch.stack(rows)
+def exact(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+          experts: RoutedExperts | Experts, sample: list[int]) -> torch.Tensor:  # fmt: skip
+    """The `sample` tokens' sums over their chosen experts, by the dense reference in float32 on
+    a copy of those experts alone."""
+    chosen = torch.unique(ids[sample])
+    down = experts.down_proj
+    small: RoutedExperts | Experts = (
+        Experts(down.shape[2], down.shape[1], MoEConfig(
+            num_experts=len(chosen), top_k=1, swiglu_alpha=experts.alpha,
+            swiglu_limit=experts.limit))
+        if isinstance(experts, Experts)
+        else RoutedExperts(len(chosen), down.shape[1], down.shape[2], experts.limit)
+    )  # fmt: skip
+    small = small.cuda()
+    with torch.no_grad():
+        for name, param in small.named_parameters():
+            param.copy_(getattr(experts, name)[chosen].float())
+        local = torch.searchsorted(chosen, ids[sample])
+        return small.reference(x[sample].float(), weights[sample], local)
 
 
 def measure_case(
     shape: tuple[int, ...],
     tokens: int,
-    experts: RoutedExperts,
+    experts: RoutedExperts | Experts,
     dense_max: int,
     ceilings: dict[str, float],
     configs: list[GroupedConfig],
 ) -> dict[str, Any]:
     num, k, hidden, inter = shape
     x, weights, ids = make_routing(shape, tokens)  # type: ignore[arg-type]
-    impls = {"grouped": functools.partial(grouped_experts, x, weights, ids,
-                                          experts.gate_up_proj, experts.down_proj)}  # fmt: skip
+    stacked, act = experts.kernel_weights()
+    impls = {"grouped": functools.partial(grouped_experts, x, weights, ids, stacked, act)}
     for cfg in configs:
         impls[f"grouped {'/'.join(map(str, attrs.astuple(cfg)))}"] = functools.partial(
-            grouped_experts, x, weights, ids, experts.gate_up_proj, experts.down_proj, None, cfg
+            grouped_experts, x, weights, ids, stacked, act, cfg
         )
     if hasattr(torch.nn.functional, "grouped_mm"):
         impls["torch_grouped_mm"] = functools.partial(grouped_mm_peer, x, weights, ids, experts)
@@ -149,7 +172,13 @@ def measure_case(
                            "weight_bytes": active * 3 * hidden * inter * 2,
                            "flops": 2 * tokens * k * 3 * hidden * inter}  # fmt: skip
     for name, fn in impls.items():
-        got = fn()
+        try:
+            got = fn()
+        except RuntimeError as error:  # a peer that does not take this layout: recorded
+            if name == "grouped":
+                raise
+            row[f"{name}_error"] = str(error).splitlines()[0]
+            continue
         err = ((got[sample].float() - want).abs().max() / want.abs().max()).item()
         row[name] = {"ms": gpu_ms(graphed(fn)), "eager_ms": gpu_ms(fn), "rel_err": err}
     ms = row["grouped"]["ms"]
@@ -212,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               "timestamp": utc_timestamp(), "machine": machine_info(),
                               **limits, "shapes": {}}  # fmt: skip
     for name, shape in shapes.items():
-        experts = make_experts(shape)
+        experts = make_experts(name, shape)
         fields = dict(zip(("experts", "k", "hidden", "inter"), shape, strict=True))
         rows = result["shapes"][name] = {"shape": fields, "cases": []}
         for tokens in counts:

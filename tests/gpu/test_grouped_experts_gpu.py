@@ -51,17 +51,17 @@ def test_bf16_kernels_match_a_float32_sum(num, k, hidden, inter, tokens, limit):
 
 def test_a_graph_replay_gives_the_eager_sum():
     experts, x, weights, ids = _case(32, 4, 512, 256, 8)
-    eager = grouped_experts(x, weights, ids, experts.gate_up_proj, experts.down_proj)
+    eager = grouped_experts(x, weights, ids, *experts.kernel_weights())
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        grouped_experts(x, weights, ids, experts.gate_up_proj, experts.down_proj)  # compile
+        grouped_experts(x, weights, ids, *experts.kernel_weights())  # compile
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = grouped_experts(x, weights, ids, experts.gate_up_proj, experts.down_proj)
+        out = grouped_experts(x, weights, ids, *experts.kernel_weights())
     fresh = _case(32, 4, 512, 256, 9)  # new routing and inputs into the captured buffers
     x.copy_(fresh[1][:8]), weights.copy_(fresh[2][:8]), ids.copy_(fresh[3][:8])
     graph.replay()
     torch.cuda.synchronize()
-    want = grouped_experts(x, weights, ids, experts.gate_up_proj, experts.down_proj)
+    want = grouped_experts(x, weights, ids, *experts.kernel_weights())
     assert torch.equal(out, want) and not torch.equal(out, eager)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from unified_attn.models.config import ModelConfig, MoEConfig
-from unified_attn.models.grouped_experts import grouped_experts
+from unified_attn.models.grouped_experts import Activation, ExpertWeights, grouped_experts
 from unified_attn.models.mlp import MLP
 
 
@@ -80,7 +80,8 @@ def expert_weight(
 
 
 class Experts(nn.Module):
-    """`num_experts` clamped-SwiGLU MLPs stored as batched tensors."""
+    """GPT-OSS's `num_experts` clamped-SwiGLU MLPs with biases, stacked (gate and up in
+    alternate columns): grouped on CUDA, else `reference`."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, moe: MoEConfig) -> None:
         super().__init__()
@@ -113,9 +114,23 @@ class Experts(nn.Module):
     def forward(
         self, x: torch.Tensor, routing_weights: torch.Tensor, expert_ids: torch.Tensor
     ) -> torch.Tensor:
-        """Weighted sum over each token's chosen experts, added in expert order (as
-        transformers). Every expert runs on every token (weight 0 when not chosen): no
-        data-dependent shapes, so no host sync."""
+        """Weighted sum over each token's chosen experts: each expert only on its tokens on
+        CUDA (`grouped_experts`), else `reference`."""
+        if x.is_cuda:
+            return grouped_experts(x, routing_weights, expert_ids, *self.kernel_weights())
+        return self.reference(x, routing_weights, expert_ids)
+
+    def kernel_weights(self) -> tuple[ExpertWeights, Activation]:
+        """The parameters (no copies) and the activation as `grouped_experts` takes them."""
+        stacked = ExpertWeights(self.gate_up_proj, self.down_proj, self.gate_up_proj_bias,
+                                self.down_proj_bias, interleaved=True)  # fmt: skip
+        return stacked, Activation(limit=self.limit, alpha=self.alpha)
+
+    def reference(
+        self, x: torch.Tensor, routing_weights: torch.Tensor, expert_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Every expert on every token (weight 0 when not chosen), each weighted output rounded
+        to x's dtype and added in expert order: transformers' sum."""
         out = torch.zeros_like(x)
         for index in range(self.gate_up_proj.shape[0]):
             weight = expert_weight(routing_weights, expert_ids, index)
@@ -148,8 +163,12 @@ class RoutedExperts(nn.Module):
         """x `[T, D]`, the router's weights and expert ids `[T, k]` -> the weighted sum over each
         token's chosen experts `[T, D]`: the grouped kernels on CUDA, else `reference`."""
         if x.is_cuda:
-            return grouped_experts(x, weights, ids, self.gate_up_proj, self.down_proj, self.limit)
+            return grouped_experts(x, weights, ids, *self.kernel_weights())
         return self.reference(x, weights, ids)
+
+    def kernel_weights(self) -> tuple[ExpertWeights, Activation]:
+        """The parameters (no copies) and the activation as `grouped_experts` takes them."""
+        return ExpertWeights(self.gate_up_proj, self.down_proj), Activation(limit=self.limit)
 
     def reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Every expert on every token, weight 0 where not chosen, each weighted output rounded

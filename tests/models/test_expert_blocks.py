@@ -1,0 +1,53 @@
+"""The sort of a mixture's (token, choice) pairs into blocks of one expert each
+(`models/expert_blocks.py`; CPU: the interpreter), by its one Triton program and by torch ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unified_attn.models import expert_blocks as sorting
+from unified_attn.models.expert_blocks import expert_blocks
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _ids(tokens: int, num: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(num, generator=gen)[:k] for _ in range(tokens)]).to(DEVICE)
+
+
+@pytest.mark.parametrize("sort", ["one program", "torch"])
+@pytest.mark.parametrize(("tokens", "num", "k", "block_m"), [(1, 8, 2, 16), (9, 4, 3, 4),
+                                                              (33, 64, 8, 16), (5, 3, 3, 2),
+                                                              (20, 40, 3, 8)])  # fmt: skip
+def test_blocks_hold_every_pair_once_in_blocks_of_one_expert(monkeypatch, sort, tokens, num, k,
+                                                             block_m):  # fmt: skip
+    if sort == "torch":
+        monkeypatch.setattr(sorting, "SORT_IN_ONE_PROGRAM", 0)
+    ids = _ids(tokens, num, k, seed=tokens)
+    blocks = expert_blocks(ids, num, block_m)
+    pairs = tokens * k
+    slots, owner = blocks.slots.cpu().long(), blocks.block_expert.cpu().long()
+    assert len(slots) == len(owner) * block_m <= pairs + min(num, pairs) * block_m
+    real = slots[slots < pairs]
+    assert sorted(real.tolist()) == list(range(pairs))  # every pair once
+    flat = ids.reshape(-1).cpu()
+    for block, expert in enumerate(owner.tolist()):
+        held = slots[block * block_m : (block + 1) * block_m]
+        held = held[held < pairs]
+        if expert < 0:
+            assert len(held) == 0  # blocks past the last expert's hold nothing
+        else:
+            assert len(held) > 0 and (flat[held] == expert).all()
+    used = owner[owner >= 0]
+    assert (used[1:] >= used[:-1]).all()  # experts in order
+    assert sorted(set(used.tolist())) == sorted(set(flat.tolist()))  # only chosen experts
+
+
+def test_both_sorts_give_the_same_blocks(monkeypatch):
+    ids = _ids(50, 12, 4, seed=3)  # 200 pairs: several chunks of the one program's loops
+    one = expert_blocks(ids, 12, 8)
+    monkeypatch.setattr(sorting, "SORT_IN_ONE_PROGRAM", 0)
+    other = expert_blocks(ids, 12, 8)
+    assert torch.equal(one.slots, other.slots) and torch.equal(one.block_expert, other.block_expert)
