@@ -29,43 +29,93 @@ class ExpertBlocks:
 
 
 SORT_IN_ONE_PROGRAM = 4096  # the most pairs `expert_blocks` sorts in one launch (decode)
+PAIRS_PER_PROGRAM = 1024  # the parallel sort's pairs per program (prefill)
 
 
 def expert_blocks(ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertBlocks:
     """`ids [T, k]` (each token's chosen experts, in `[0, num_experts)`) sorted into blocks, with
-    no host sync: every shape follows from `ids.shape`. Pairs of one expert keep their order.
-    Up to `SORT_IN_ONE_PROGRAM` pairs (decode) one program sorts them; more (prefill) take
-    about 25 torch ops, whose launches do not matter beside the products."""
-    pairs = ids.numel()
-    size = -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
-    if pairs > SORT_IN_ONE_PROGRAM:
-        return _sorted_by_torch(ids, num_experts, block_m, size)
-    slots = torch.empty(size, dtype=torch.int32, device=ids.device)
-    block_expert = torch.empty(size // block_m, dtype=torch.int32, device=ids.device)
-    expert_blocks_kernel[(1,)](
-        ids.reshape(-1), slots, block_expert, pairs, num_experts, size,
-        BLOCK_M=block_m, EXPERTS=triton.next_power_of_2(num_experts), num_warps=4,
-    )  # fmt: skip
-    return ExpertBlocks(slots, block_expert, pairs, block_m)
+    no host sync: every shape follows from `ids.shape`.
 
-
-def _sorted_by_torch(ids: torch.Tensor, num_experts: int, block_m: int, size: int) -> ExpertBlocks:
+    Up to `SORT_IN_ONE_PROGRAM` pairs (decode) one program sorts them, keeping each expert's
+    pairs in order. More (prefill) take three launches: each pair's rank among its expert's by
+    an atomic counter, each expert's first slot and the blocks' experts, then the pairs placed.
+    The order of an expert's pairs then follows the atomics, which changes no result: the
+    kernels compute each slot's row on its own."""
     pairs, device = ids.numel(), ids.device
-    flat = ids.reshape(-1).long()
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    order = torch.argsort(flat, stable=True)  # pairs of expert 0 first, then expert 1, ...
-    by_expert = flat[order]
-    first = torch.cumsum(counts, 0) - counts  # each expert's first position in `order`
-    rank = torch.arange(pairs, device=device) - first[by_expert]
-    slots = torch.full((size,), pairs, dtype=torch.int32, device=device)
-    slots[(ends - padded)[by_expert] + rank] = order.to(torch.int32)
-    starts = torch.arange(0, size, block_m, device=device)
-    owner = torch.searchsorted(ends, starts, right=True)  # the expert whose slots hold `starts`
-    block_expert = torch.where(owner < num_experts, owner, -1).to(torch.int32)
+    size = -(-(pairs + min(num_experts, pairs) * (block_m - 1)) // block_m) * block_m
+    slots = torch.empty(size, dtype=torch.int32, device=device)
+    block_expert = torch.empty(size // block_m, dtype=torch.int32, device=device)
+    flat, experts = ids.reshape(-1), triton.next_power_of_2(num_experts)
+    if pairs <= SORT_IN_ONE_PROGRAM:
+        expert_blocks_kernel[(1,)](
+            flat, slots, block_expert, pairs, num_experts, size, BLOCK_M=block_m,
+            EXPERTS=experts, num_warps=4,
+        )  # fmt: skip
+        return ExpertBlocks(slots, block_expert, pairs, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    rank = torch.empty(pairs, dtype=torch.int32, device=device)
+    starts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    grid = (triton.cdiv(pairs, PAIRS_PER_PROGRAM),)
+    rank_pairs_kernel[grid](flat, counts, rank, pairs, BLOCK=PAIRS_PER_PROGRAM)
+    block_layout_kernel[(1,)](
+        counts, starts, slots, block_expert, pairs, num_experts, size, BLOCK_M=block_m,
+        EXPERTS=experts, num_warps=4,
+    )  # fmt: skip
+    place_pairs_kernel[grid](flat, rank, starts, slots, pairs, BLOCK=PAIRS_PER_PROGRAM)
     return ExpertBlocks(slots, block_expert, pairs, block_m)
+
+
+@triton.jit
+def rank_pairs_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, BLOCK: tl.constexpr):
+    """Each pair's rank among its expert's pairs (an atomic counter per expert)."""
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    expert = tl.load(ids_ptr + p, mask=p < num_pairs, other=0).to(tl.int32)
+    rank = tl.atomic_add(counts_ptr + expert, 1, mask=p < num_pairs)
+    tl.store(rank_ptr + p, rank, mask=p < num_pairs)
+
+
+@triton.jit
+def block_layout_kernel(
+    counts_ptr,  # [E] int32: pairs per expert
+    starts_ptr,  # [E] int32 out: each expert's first slot
+    slots_ptr,  # [S] int32 out: all padding (`num_pairs`) until the pairs are placed
+    block_expert_ptr,  # [S / BLOCK_M] int32 out
+    num_pairs,
+    num_experts,
+    num_slots,
+    BLOCK_M: tl.constexpr,
+    EXPERTS: tl.constexpr,  # a power of two >= num_experts
+):
+    e = tl.arange(0, EXPERTS)
+    counts = tl.load(counts_ptr + e, mask=e < num_experts, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(starts_ptr + e, ends - padded, mask=e < num_experts)
+    _fill_and_own(ends, slots_ptr, block_expert_ptr, num_pairs, num_experts, num_slots, BLOCK_M)
+
+
+@triton.jit
+def place_pairs_kernel(ids_ptr, rank_ptr, starts_ptr, slots_ptr, num_pairs, BLOCK: tl.constexpr):
+    p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    expert = tl.load(ids_ptr + p, mask=p < num_pairs, other=0).to(tl.int32)
+    slot = tl.load(starts_ptr + expert, mask=p < num_pairs, other=0)
+    slot += tl.load(rank_ptr + p, mask=p < num_pairs, other=0)
+    tl.store(slots_ptr + slot, p, mask=p < num_pairs)
+
+
+@triton.jit
+def _fill_and_own(ends, slots_ptr, block_expert_ptr, num_pairs, num_experts, num_slots,
+                  BLOCK_M: tl.constexpr, CHUNK: tl.constexpr = 32):  # fmt: skip
+    """Every slot padding; each block's expert: how many experts end at or before its start
+    (-1 past the last)."""
+    for s0 in range(0, num_slots, 1024):
+        s = s0 + tl.arange(0, 1024)
+        tl.store(slots_ptr + s, num_pairs, mask=s < num_slots)
+    for b0 in range(0, num_slots // BLOCK_M, CHUNK):
+        b = b0 + tl.arange(0, CHUNK)
+        owner = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.where(owner < num_experts, owner, -1),
+                 mask=b < num_slots // BLOCK_M)  # fmt: skip
 
 
 @triton.jit
@@ -80,9 +130,9 @@ def expert_blocks_kernel(
     EXPERTS: tl.constexpr,  # a power of two >= num_experts
     CHUNK: tl.constexpr = 32,
 ):
-    """One program: counts per expert, each expert's first slot, then the pairs placed chunk by
-    chunk (a pair's rank among its expert's pairs: those in earlier chunks plus a running sum
-    in its chunk), then each block's expert (how many experts end at or before its start)."""
+    """One program: counts per expert, each expert's first slot, the padding and the blocks'
+    experts, then the pairs placed chunk by chunk (a pair's rank among its expert's pairs:
+    those in earlier chunks plus a running sum in its chunk)."""
     e = tl.arange(0, EXPERTS)
     counts = tl.zeros((EXPERTS,), dtype=tl.int32)
     for p0 in range(0, num_pairs, CHUNK):
@@ -92,9 +142,7 @@ def expert_blocks_kernel(
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, axis=0)
     starts = ends - padded
-    for s0 in range(0, num_slots, 1024):
-        s = s0 + tl.arange(0, 1024)
-        tl.store(slots_ptr + s, num_pairs, mask=s < num_slots)
+    _fill_and_own(ends, slots_ptr, block_expert_ptr, num_pairs, num_experts, num_slots, BLOCK_M)
     tl.debug_barrier()  # the padding is written before the pairs overwrite their slots
     seen = tl.zeros((EXPERTS,), dtype=tl.int32)
     for p0 in range(0, num_pairs, CHUNK):
@@ -104,11 +152,6 @@ def expert_blocks_kernel(
         slot = starts[None, :] + seen[None, :] + tl.cumsum(mine, axis=0) - 1
         tl.store(slots_ptr + tl.sum(mine * slot, axis=1), p, mask=p < num_pairs)
         seen += tl.sum(mine, axis=0)
-    for b0 in range(0, num_slots // BLOCK_M, CHUNK):
-        b = b0 + tl.arange(0, CHUNK)
-        owner = tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
-        tl.store(block_expert_ptr + b, tl.where(owner < num_experts, owner, -1),
-                 mask=b < num_slots // BLOCK_M)  # fmt: skip
 
 
 __all__ = ["SORT_IN_ONE_PROGRAM", "ExpertBlocks", "expert_blocks"]

@@ -74,9 +74,7 @@ def _by_pairs_per_expert(per_expert: float) -> GroupedConfig:
         return GroupedConfig(16, 128, 128, 4, 3)
     if per_expert <= 48:
         return GroupedConfig(32, 64, 128, 4, 3)
-    if per_expert <= 160:
-        return GroupedConfig(64, 128, 64, 8, 4)
-    return GroupedConfig(128, 128, 64, 8, 3)
+    return GroupedConfig(64, 256, 64, 8, 3)
 
 
 @attrs.frozen
