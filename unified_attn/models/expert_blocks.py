@@ -88,9 +88,8 @@ def block_layout_kernel(
 ):
     e = tl.arange(0, EXPERTS)
     counts = tl.load(counts_ptr + e, mask=e < num_experts, other=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    tl.store(starts_ptr + e, ends - padded, mask=e < num_experts)
+    starts, ends = _expert_slots(counts, BLOCK_M)
+    tl.store(starts_ptr + e, starts, mask=e < num_experts)
     _fill_and_own(ends, slots_ptr, block_expert_ptr, num_pairs, num_experts, num_slots, BLOCK_M)
 
 
@@ -101,6 +100,15 @@ def place_pairs_kernel(ids_ptr, rank_ptr, starts_ptr, slots_ptr, num_pairs, BLOC
     slot = tl.load(starts_ptr + expert, mask=p < num_pairs, other=0)
     slot += tl.load(rank_ptr + p, mask=p < num_pairs, other=0)
     tl.store(slots_ptr + slot, p, mask=p < num_pairs)
+
+
+@triton.jit
+def _expert_slots(counts, BLOCK_M: tl.constexpr):
+    """Each expert's first slot and the slot after its last: its pairs padded to whole blocks,
+    the experts one after another."""
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    return ends - padded, ends
 
 
 @triton.jit
@@ -139,9 +147,7 @@ def expert_blocks_kernel(
         p = p0 + tl.arange(0, CHUNK)
         expert = tl.load(ids_ptr + p, mask=p < num_pairs, other=EXPERTS).to(tl.int32)
         counts += tl.sum((expert[:, None] == e[None, :]).to(tl.int32), axis=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
+    starts, ends = _expert_slots(counts, BLOCK_M)
     _fill_and_own(ends, slots_ptr, block_expert_ptr, num_pairs, num_experts, num_slots, BLOCK_M)
     tl.debug_barrier()  # the padding is written before the pairs overwrite their slots
     seen = tl.zeros((EXPERTS,), dtype=tl.int32)

@@ -117,6 +117,14 @@ class Activation:
 
 
 @triton.jit
+def _block_pairs(slots_ptr, block, num_pairs, BLOCK_M: tl.constexpr):
+    """A block's slot rows, the pair in each and whether it holds one (not padding)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(slots_ptr + rows)
+    return rows, pair, pair < num_pairs
+
+
+@triton.jit
 def gate_up_kernel(
     x_ptr,  # [T, D]
     w_ptr,  # ExpertWeights.gate_up
@@ -149,9 +157,7 @@ def gate_up_kernel(
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(slots_ptr + rows)
-    valid = pair < num_pairs
+    rows, pair, valid = _block_pairs(slots_ptr, block, num_pairs, BLOCK_M)
     token = (pair // TOP_K).to(tl.int64)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
@@ -229,9 +235,7 @@ def down_kernel(
     expert = tl.load(block_expert_ptr + block).to(tl.int64)
     if expert < 0:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(slots_ptr + rows)
-    valid = pair < num_pairs
+    rows, pair, valid = _block_pairs(slots_ptr, block, num_pairs, BLOCK_M)
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     ks = tl.arange(0, BLOCK_K)

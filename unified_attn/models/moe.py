@@ -20,6 +20,7 @@ Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -72,7 +73,7 @@ class TopKRouter(nn.Module):
         return x.sum(dim=-1, keepdim=True)
 
 
-def expert_weight(
+def _expert_weight(
     routing_weights: torch.Tensor, expert_ids: torch.Tensor, index: int
 ) -> torch.Tensor:
     """`[T, 1]`: each token's routing weight for expert `index`, 0 where it was not chosen."""
@@ -133,17 +134,22 @@ class Experts(nn.Module):
         to x's dtype and added in expert order: transformers' sum."""
         out = torch.zeros_like(x)
         for index in range(self.gate_up_proj.shape[0]):
-            weight = expert_weight(routing_weights, expert_ids, index)
+            weight = _expert_weight(routing_weights, expert_ids, index)
             out += (self.expert(index, x) * weight).to(x.dtype)
         return out
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+def swiglu(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    limit: float | None = None,
+    silu: Callable[[torch.Tensor], torch.Tensor] = nn.functional.silu,
+) -> torch.Tensor:
     """`silu(gate) * up`; with `limit` (DeepSeek-V4) gate clamped to at most `limit` and up to
-    `[-limit, limit]` first."""
+    `[-limit, limit]` first (exact, so batch-invariant mode passes only its own `silu`)."""
     if limit is not None:
         gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
-    return nn.functional.silu(gate) * up
+    return silu(gate) * up
 
 
 class RoutedExperts(nn.Module):
@@ -175,10 +181,20 @@ class RoutedExperts(nn.Module):
         to x's dtype and added in expert order: transformers' sum, rounding included."""
         out = torch.zeros_like(x)
         for index in range(self.gate_up_proj.shape[0]):
-            gate, up = nn.functional.linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
-            each = nn.functional.linear(swiglu(gate, up, self.limit), self.down_proj[index])
-            out += (each * expert_weight(weights, ids, index)).to(x.dtype)
+            gate, up = self._linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
+            hidden = swiglu(gate, up, self.limit, self._silu)
+            each = self._linear(hidden, self.down_proj[index])
+            out += (each * _expert_weight(weights, ids, index)).to(x.dtype)
         return out
+
+    # The ops batch-invariant mode replaces (`models/invariant/model.py`).
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, weight)
+
+    @staticmethod
+    def _silu(x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(x)
 
 
 _PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(\w+)\.weight$")

@@ -236,6 +236,21 @@ def finish_shard(
             module.kv_scales = scales[name].to(local.device)
 
 
+def stacked_experts_slice(
+    name: str, full: torch.Tensor, shape: tuple[int, ...], rank: int
+) -> torch.Tensor | None:
+    """The rank's features of `moe.RoutedExperts`' stacked weights (`experts.gate_up_proj
+    [E, 2I, H]`: its part of the gate rows and of the up rows; `experts.down_proj [E, H, I]`),
+    or None for any other parameter."""
+    if name.endswith("experts.gate_up_proj"):
+        gate, up = full.chunk(2, dim=1)
+        part = slice(rank * shape[1] // 2, (rank + 1) * shape[1] // 2)
+        return torch.cat([gate[:, part], up[:, part]], dim=1)
+    if name.endswith("experts.down_proj"):
+        return full[..., rank * shape[-1] : (rank + 1) * shape[-1]]
+    return None
+
+
 def _slice(
     name: str, full: torch.Tensor, shape: tuple[int, ...], config: ModelConfig, plan: ShardPlan
 ) -> torch.Tensor:
@@ -246,12 +261,9 @@ def _slice(
     kv = _rows(plan.kv_head_start * d, plan.num_kv_heads * d)
     module, kind = name.rsplit(".", 2)[-2:]  # e.g. "q_proj", "weight"
     if config.moe is not None and config.moe.expert_kind == "swiglu":
-        if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: gate rows, then up rows
-            gate, up = full.chunk(2, dim=1)
-            part = slice(r * shape[1] // 2, (r + 1) * shape[1] // 2)
-            return torch.cat([gate[:, part], up[:, part]], dim=1)
-        if name.endswith("experts.down_proj"):  # [E, H, I]
-            return full[..., r * shape[-1] : (r + 1) * shape[-1]]
+        stacked = stacked_experts_slice(name, full, shape, r)
+        if stacked is not None:
+            return stacked
     if name.endswith(("experts.gate_up_proj", "experts.gate_up_proj_bias")):
         width = shape[-1]  # GPT-OSS: gate and up interleaved, so pairs stay together
         return full[..., r * width : (r + 1) * width]

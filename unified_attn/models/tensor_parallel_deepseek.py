@@ -34,6 +34,7 @@ from unified_attn.models.tensor_parallel import (
     ReducedOutput,
     RowParallelLinear,
     finish_shard,
+    stacked_experts_slice,
 )
 
 DeepseekConfigs = TypeVar("DeepseekConfigs", DeepseekConfig, DeepseekV4Config)
@@ -143,13 +144,9 @@ def _slice(name: str, full: torch.Tensor, shape: tuple[int, ...], rank: int) -> 
 def _slice_mlp(name: str, full: torch.Tensor, shape: tuple[int, ...], rank: int) -> torch.Tensor:
     """Dense MLPs, experts and shared experts: the rank's slice of their features."""
     module, kind = name.rsplit(".", 2)[-2:]  # e.g. "gate_proj", "weight"
-    if name.endswith("experts.gate_up_proj"):  # [E, 2I, D]: gate rows, then up rows
-        half = shape[1] // 2
-        gate, up = full.chunk(2, dim=1)
-        part = slice(rank * half, (rank + 1) * half)
-        return torch.cat([gate[:, part], up[:, part]], dim=1)
-    if name.endswith("experts.down_proj"):  # [E, D, I]
-        return full[..., rank * shape[-1] : (rank + 1) * shape[-1]]
+    stacked = stacked_experts_slice(name, full, shape, rank)  # the routed experts
+    if stacked is not None:
+        return stacked
     if module in ("gate_proj", "up_proj"):
         return full[rank * shape[0] : (rank + 1) * shape[0]]
     if module == "down_proj" and kind == "weight":

@@ -31,7 +31,6 @@ from unified_attn.models.moe import (
     RoutedExperts,
     SparseMoEMLP,
     TopKRouter,
-    expert_weight,
 )
 from unified_attn.models.rope import RotaryEmbedding
 
@@ -80,17 +79,17 @@ class InvariantExperts(Experts):
 
 class InvariantRoutedExperts(RoutedExperts):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Every expert on every token (weight 0 where not chosen), added in expert order, each
-        product batch-invariant (the grouped kernels' tiles follow the batch, so they are not)."""
-        out = torch.zeros_like(x)
-        for index in range(self.gate_up_proj.shape[0]):
-            gate, up = invariant_linear(x, self.gate_up_proj[index]).chunk(2, dim=-1)
-            if self.limit is not None:  # clamps are exact: invariant as they are
-                gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
-            hidden = elementwise(nn.functional.silu, gate) * up
-            each = invariant_linear(hidden, self.down_proj[index])
-            out += (each * expert_weight(weights, ids, index)).to(x.dtype)
-        return out
+        """Every expert on every token with invariant products (the grouped kernels' tiles
+        follow the batch, so they are not batch-invariant)."""
+        return self.reference(x, weights, ids)
+
+    @staticmethod
+    def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return invariant_linear(x, weight)
+
+    @staticmethod
+    def _silu(x: torch.Tensor) -> torch.Tensor:
+        return elementwise(nn.functional.silu, x)
 
 
 class InvariantMLP(MLP):
