@@ -76,6 +76,15 @@ def register_bench_models() -> None:
     PRESETS.update({llama.name: llama, moe.name: moe})
 
 
+def use_dense_experts() -> None:
+    """In this process, the mode's experts run their dense reference loop (each product an
+    invariant matmul), as the mode did before the grouped kernels took one configuration."""
+    from unified_attn.models.invariant import model
+
+    for cls in (model.InvariantExperts, model.InvariantRoutedExperts):
+        cls.forward = cls.reference  # type: ignore[method-assign]
+
+
 def prompt(index: int, length: int, vocab: int) -> list[int]:
     return [(index * 7919 + j * 104729) % (vocab - 2) + 1 for j in range(length)]
 
@@ -194,6 +203,8 @@ def run_matmuls(engine: LLMEngine, args: argparse.Namespace) -> list[dict[str, A
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     register_bench_models()
+    if args.dense_experts:
+        use_dense_experts()
     results: dict[str, dict[str, Any]] = {}
     invariance: dict[str, bool] = {}
     matmuls: list[dict[str, Any]] = []
@@ -220,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "dtype": dtype,
         "params": {key: getattr(args, key) for key in PARAMS},
+        "dense_experts": args.dense_experts,
         "modes": results,
         "ratios": ratios(results),
         "invariance_alone_vs_batch": invariance,
@@ -309,6 +321,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--kv-cache-memory", default="8GiB", help="per engine")
     parser.add_argument("--no-matmuls", action="store_true", help="skip the matmul table")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--dense-experts", action="store_true",
+        help="the mode's MoE as before 2026-11-24: every expert on every token (comparison)",
+    )  # fmt: skip
     add_out_argument(parser)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -55,7 +55,9 @@ SHAPES = {
     "qwen3-30b-a3b": (128, 8, 2048, 768),
     "v4-engine-bench": (8, 2, 1024, 256),
     "gpt-oss-20b": (32, 4, 2880, 2880),  # GPT-OSS's experts: interleaved, biases, clamped
+    "bench-moe-1b": (8, 2, 2048, 1024),  # GPT-OSS's layout (batch_invariance.py's model)
 }
+GPT_OSS_LAYOUT = ("gpt-oss-20b", "bench-moe-1b", "tiny-gpt-oss")
 QUICK_SHAPE = {"tiny": (16, 4, 256, 128), "tiny-gpt-oss": (8, 2, 256, 128)}
 
 
@@ -63,7 +65,7 @@ def make_experts(name: str, shape: tuple[int, int, int, int]) -> RoutedExperts |
     num, _, hidden, inter = shape
     experts: RoutedExperts | Experts = (
         Experts(hidden, inter, MoEConfig(num_experts=num, top_k=shape[1]))
-        if "gpt-oss" in name else RoutedExperts(num, hidden, inter, None)
+        if name in GPT_OSS_LAYOUT else RoutedExperts(num, hidden, inter, None)
     )  # fmt: skip
     experts = experts.to("cuda", torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(0)

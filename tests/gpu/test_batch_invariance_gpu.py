@@ -17,11 +17,14 @@ import attrs
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from tests.models.hf_models import FAMILIES, make_family_model, save_hf_model
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import PRESETS, LayerKind, MoEConfig, get_preset
 from unified_attn.models.invariant import triton_ops
+from unified_attn.models.invariant.model import make_batch_invariant
+from unified_attn.models.moe import Experts, RoutedExperts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -100,6 +103,46 @@ def test_triton_row_ops_do_not_depend_on_the_batch(name, n, dtype):
     for m in [*range(1, 301), 1024]:
         assert torch.equal(op(x[:m], w)[0], alone), m
         assert torch.equal(op(torch.cat([x[1:m], x[:1]]), w)[-1], alone), m
+
+
+def _moe_case(gpt_oss: bool, dtype: torch.dtype) -> tuple[nn.Module, torch.Tensor, torch.Tensor,
+                                                         torch.Tensor]:  # fmt: skip
+    """DeepSeek-like SwiGLU experts (64 of 2048 x 1408, 6 chosen) or GPT-OSS-like ones (32 of
+    1024 x 512, interleaved, biases, 4 chosen), with 4096 tokens' routing."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    num, k, hidden, inter = (32, 4, 1024, 512) if gpt_oss else (64, 6, 2048, 1408)
+    if gpt_oss:
+        experts: nn.Module = Experts(hidden, inter, MoEConfig(num_experts=num, top_k=k))
+    else:
+        experts = RoutedExperts(num, hidden, inter, None)
+    experts = experts.to("cuda", dtype)
+    with torch.no_grad():
+        for param in experts.parameters():
+            param.normal_(0.0, hidden**-0.5, generator=gen)
+    x = torch.randn(4096, hidden, device="cuda", generator=gen).to(dtype)
+    ids = torch.rand(4096, num, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+    weights = torch.rand(4096, k, device="cuda", generator=gen).softmax(dim=1)
+    return experts, x, weights, ids
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("gpt_oss", [False, True], ids=["row-blocks", "gpt-oss"])
+def test_grouped_experts_rows_do_not_depend_on_the_batch(gpt_oss, dtype):
+    # The mode's experts (the grouped kernels with one tile configuration): a token's output is
+    # the same alone, first or last in batches from decode to prefill sizes (past the size at
+    # which the default configuration changes tiles four times).
+    experts, x, weights, ids = _moe_case(gpt_oss, dtype)
+    make_batch_invariant(experts)
+    with torch.no_grad():
+        alone = experts(x[:1], weights[:1], ids[:1])[0]
+        for m in [*range(2, 80), 100, 257, 512, 1000, 4096]:
+            assert torch.equal(experts(x[:m], weights[:m], ids[:m])[0], alone), m
+            moved = [torch.cat([t[1:m], t[:1]]) for t in (x, weights, ids)]
+            assert torch.equal(experts(*moved)[-1], alone), m
+        plain = type(experts).__mro__[1].forward(experts, x[:300], weights[:300], ids[:300])
+        got = experts(x[:300], weights[:300], ids[:300])
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    torch.testing.assert_close(got.float(), plain.float(), rtol=tol, atol=tol)
 
 
 # ---- engines ---------------------------------------------------------------------------------

@@ -103,3 +103,22 @@ def test_bad_inputs_are_named():
         grouped_experts(x, weights, ids, ExpertWeights(gate_up[:, :24], down, interleaved=True))
     with pytest.raises(ValueError, match=r"down_bias must be \[4, 32\] contiguous, got \(4, 16\)"):
         grouped_experts(x, weights, ids, ExpertWeights(gate_up, down, down_bias=down[:, 0]))
+
+
+@pytest.mark.parametrize(("tokens", "k", "hidden"), [(1, 1, 16), (5, 3, 48), (3, 8, 1500)])
+def test_the_pair_sum_adds_each_tokens_rows_in_choice_order(tokens, k, hidden):
+    # float16 rows whose float32 sum is exact in this order and rounds once at the end
+    gen = torch.Generator().manual_seed(k)
+    pairs = (torch.randn(tokens * k, hidden, generator=gen) * 4).to(DEVICE, torch.float16)
+    got = grouped.sum_pairs(pairs, k)
+    want = pairs.double().view(tokens, k, hidden).sum(1)
+    assert got.dtype == torch.float16 and got.shape == (tokens, hidden)
+    torch.testing.assert_close(got.double(), want.to(torch.float16).double(), rtol=0, atol=0)
+
+
+def test_the_invariant_configuration_is_one_for_every_batch_and_fits():
+    assert grouped.invariant_config(2) == grouped.default_config(10**6, 1, 2)
+    assert grouped.invariant_config(4).block_k < grouped.invariant_config(2).block_k
+    for size in (2, 4):
+        cfg = grouped.invariant_config(size)
+        assert grouped._pipeline_bytes(cfg, size) <= grouped.SHARED_BYTES

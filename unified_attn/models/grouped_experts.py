@@ -14,8 +14,13 @@ shapes that follow from the inputs' alone (so a decode step can be captured in a
    clamped SwiGLU, GPT-OSS's), stored `[slots, I]` in the input's dtype.
 3. `down_kernel`: per block and `BLOCK_N` output features, those rows times the expert's down
    rows, times each pair's routing weight, stored per pair in the input's dtype (as the
-   reference rounds each expert's weighted output). The `[T, k, D]` pair outputs are summed
-   over k in float32 and cast once.
+   reference rounds each expert's weighted output). `sum_pairs_kernel` adds each token's k
+   pair outputs in choice order in float32 and casts once.
+
+Batch invariance: a pair's output row is computed by one program whose instructions do not
+depend on the other rows, and the k-sum is in a fixed order, so with one tile configuration for
+every batch (`invariant_config`) a token's output does not depend on the batch. The default
+configuration follows the pairs per expert (`default_config`), so its rounding may.
 
 Weights (`ExpertWeights`): stacked as transformers holds them, gate and up either as row
 blocks (Mixtral, Qwen2-MoE, DeepSeek) or interleaved columns (GPT-OSS), with optional biases.
@@ -53,7 +58,18 @@ def default_config(num_pairs: int, num_experts: int, element_size: int = 2) -> G
     """Blocks of 16 slots while experts get a few pairs each (decode), up to 128 (prefill);
     the H100 sweep of 16-bit data in benchmarks/README.md ("MoE experts"). Wider data halves
     `block_k`, then the stages, until the pipeline's tiles fit `SHARED_BYTES`."""
-    cfg = _by_pairs_per_expert(num_pairs / num_experts)
+    return _fit(_by_pairs_per_expert(num_pairs / num_experts), element_size)
+
+
+def invariant_config(element_size: int = 2) -> GroupedConfig:
+    """The one configuration of batch-invariant mode, whatever the batch: the prefill tiles (64
+    slots, 256 features, 8 warps). Decode, which reads each chosen expert's weights once either
+    way, pays for the padded slots in tensor-core time only."""
+    return _fit(_by_pairs_per_expert(float("inf")), element_size)
+
+
+def _fit(cfg: GroupedConfig, element_size: int) -> GroupedConfig:
+    """`cfg` with `block_k`, then the stages, halved until the pipeline fits `SHARED_BYTES`."""
     while _pipeline_bytes(cfg, element_size) > SHARED_BYTES and cfg.block_k > 32:
         cfg = attrs.evolve(cfg, block_k=cfg.block_k // 2)
     while _pipeline_bytes(cfg, element_size) > SHARED_BYTES and cfg.stages > 2:
@@ -285,7 +301,37 @@ def grouped_experts(
     blocks = expert_blocks(ids, experts.num_experts, cfg.block_m)
     h = _gate_up(x, experts, blocks, top_k, act, cfg)
     pairs = _down(h, experts, blocks, weights.reshape(-1).float().contiguous(), cfg)
-    return torch.sum(pairs.view(x.shape[0], top_k, -1), dim=1, dtype=torch.float32).to(x.dtype)
+    return sum_pairs(pairs, top_k)
+
+
+@triton.jit
+def sum_pairs_kernel(
+    pairs_ptr,  # [T * k, D]
+    out_ptr,  # [T, D]
+    hidden,
+    TOP_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Token t's k pair outputs (rows `t * k ..`) added in choice order in float32."""
+    t, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(pairs_ptr + (t * TOP_K + j) * hidden + cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sum_pairs(pairs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """`[T * k, D]` contiguous pair outputs -> `[T, D]`: each token's k rows added in order in
+    float32 (a fixed order whatever T: torch's reductions choose theirs by shape), cast to the
+    pairs' dtype."""
+    out = pairs.new_empty(pairs.shape[0] // top_k, pairs.shape[1])
+    block = min(1024, triton.next_power_of_2(pairs.shape[1]))
+    sum_pairs_kernel[(out.shape[0], triton.cdiv(pairs.shape[1], block))](
+        pairs, out, pairs.shape[1], TOP_K=top_k, BLOCK=block
+    )
+    return out
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -377,4 +423,11 @@ def _stacked(weight: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -
     return tuple(weight.shape) == shape and weight.stride(-1) == 1 and weight.dtype == dtype
 
 
-__all__ = ["Activation", "ExpertWeights", "GroupedConfig", "default_config", "grouped_experts"]
+__all__ = [
+    "Activation",
+    "ExpertWeights",
+    "GroupedConfig",
+    "default_config",
+    "grouped_experts",
+    "invariant_config",
+]

@@ -1,8 +1,9 @@
 """Mixtures of experts, with no data-dependent shapes and no host sync (graph-capturable).
 
 `RoutedExperts` (SwiGLU experts: Mixtral, Qwen2-MoE, DeepSeek-V2/V3/V4) and GPT-OSS's
-`Experts` run each expert only on its tokens on CUDA (`grouped_experts`); off CUDA (and in
-batch-invariant mode) every expert runs on every token with weight 0 where it was not chosen.
+`Experts` run each expert only on its tokens on CUDA (`grouped_experts`; batch-invariant mode
+with one tile configuration for every batch); off CUDA every expert runs on every token with
+weight 0 where it was not chosen.
 
 Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
 

@@ -13,6 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from unified_attn.models.grouped_experts import (
+    Activation,
+    ExpertWeights,
+    grouped_experts,
+    invariant_config,
+)
 from unified_attn.models.invariant.ops import (
     elementwise,
     invariant_linear,
@@ -62,10 +68,20 @@ class InvariantTopKRouter(TopKRouter):
         return total
 
 
+def invariant_grouped_experts(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+    act: Activation,
+) -> torch.Tensor:  # fmt: skip
+    """`grouped_experts` with the one tile configuration of the mode (`invariant_config`)."""
+    return grouped_experts(x, weights, ids, experts, act, invariant_config(x.element_size()))
+
+
 class InvariantExperts(Experts):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Every expert on every token with invariant products (the grouped kernels' tiles
-        follow the batch, so they are not batch-invariant)."""
+        """On CUDA the grouped kernels with one tile configuration for every batch; elsewhere
+        every expert on every token with invariant products."""
+        if x.is_cuda:
+            return invariant_grouped_experts(x, weights, ids, *self.kernel_weights())
         return self.reference(x, weights, ids)
 
     @staticmethod
@@ -79,8 +95,10 @@ class InvariantExperts(Experts):
 
 class InvariantRoutedExperts(RoutedExperts):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Every expert on every token with invariant products (the grouped kernels' tiles
-        follow the batch, so they are not batch-invariant)."""
+        """On CUDA the grouped kernels with one tile configuration for every batch; elsewhere
+        every expert on every token with invariant products."""
+        if x.is_cuda:
+            return invariant_grouped_experts(x, weights, ids, *self.kernel_weights())
         return self.reference(x, weights, ids)
 
     @staticmethod
