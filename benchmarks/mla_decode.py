@@ -4,7 +4,7 @@ paged latent cache, against a torch peer measured in the same run.
     python benchmarks/mla_decode.py [--out DIR] [--heads 128,16] [--batches 1,16,64,128]
                                     [--contexts 1024,8192,32768] [--num-segments N]
                                     [--tiles BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM]]
-                                    [--no-peers] [--no-plot] [--quick] [--l2-resident]
+                                    [--no-peers] [--no-plot] [--quick] [--l2-resident] [--fp8]
 
 The benchmark lives in the `mla_bench` package next to this script; its docstring describes the
 shapes, peers, timing and outputs. This script keeps the arguments, the run record and `main`.
@@ -65,6 +65,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "the kernel's with DRAM latency and bandwidth taken away; TB/s then counts the bytes "
         "as if read from DRAM",
     )
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="an fp8 (e4m3) latent cache with a scale (the portable kernel dequantizes it; the "
+        "peers gather and dequantize); TB/s then counts one byte per latent element",
+    )
     ap.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     args = ap.parse_args(argv)
     params = dict(QUICK if args.quick else FULL)
@@ -78,6 +84,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 f"portable, 1: Hopper lockstep, 2: Hopper warp-specialized), got {tiles}"
             )
     params["l2_resident"] = args.l2_resident
+    params["fp8"] = args.fp8
     args.params = params
     args.argv = argv
     return args
@@ -120,7 +127,7 @@ def header(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
             **args.params,
             "tiles": args.tiles,
             "num_segments": args.num_segments,
-            "latent_bytes": "sum(seq_len) * (L + R) * dtype bytes",
+            "latent_bytes": "sum(seq_len) * (L + R) * cache dtype bytes (fp8: 1)",
             "flops": "2 * H * (2L + R) * sum(seq_len)",
             "tolerance": TOLERANCE,
             "seed": SEED,

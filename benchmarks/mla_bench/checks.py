@@ -6,12 +6,13 @@ from typing import Any
 
 import torch
 
-from mla_bench.shape import plan_record
+from mla_bench.shape import FP8_SCALE, plan_record
 from mla_bench.timing import Bench, rel_err
 
 
 def oracle_check(bench: Bench, p: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     """Ours against a float32 torch oracle: 3 ragged decode requests, H 16, auto plan."""
+    from unified_attn.backends.kv_quant import dequantize_fp8, quantize_fp8
     from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention, plan_mla
 
     dev, dtype = bench.device, getattr(torch, p["dtype"])
@@ -19,6 +20,9 @@ def oracle_check(bench: Bench, p: dict[str, Any], gen: torch.Generator) -> dict[
     lens = [3 * page + 5, 1, 7 * page] if bench.gpu else [page + 3, 1, 2 * page]
     pages = [-(-n // page) for n in lens]
     cache = torch.randn(sum(pages) + 1, page, dim, generator=gen).to(dtype).to(dev)
+    kv_scale = torch.tensor(FP8_SCALE, device=dev) if p.get("fp8") else None
+    if kv_scale is not None:  # the cache holds e4m3; the oracle reads it dequantized
+        cache = quantize_fp8(cache, kv_scale)
     table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
     ids = (torch.randperm(sum(pages), generator=gen) + 1).tolist()
     for i, n in enumerate(pages):
@@ -34,6 +38,7 @@ def oracle_check(bench: Bench, p: dict[str, Any], gen: torch.Generator) -> dict[
         max_seq_len=max(lens),
         dtype=dtype,
         device=dev,
+        fp8_cache=kv_scale is not None,
     )
     scratch = MLAScratch()
     if plan.split is not None:
@@ -50,11 +55,14 @@ def oracle_check(bench: Bench, p: dict[str, Any], gen: torch.Generator) -> dict[
         L,
         plan=plan,
         scratch=scratch,
+        kv_scale=kv_scale,
     )
     want = torch.empty(out.shape, dtype=torch.float32, device=dev)
     for i, n in enumerate(lens):
         pos = torch.arange(n, device=dev)
         keys = cache[table[i, pos // page].long(), pos % page].float()  # [n, L + R]
+        if kv_scale is not None:
+            keys = dequantize_fp8(keys, kv_scale)
         probs = torch.softmax(q[i].float() @ keys.T * p["scale"], dim=-1)
         want[i] = probs @ keys[:, :L]
     return {"lens": lens, "plan": plan_record(plan), **rel_err(out, want)}

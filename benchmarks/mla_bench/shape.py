@@ -12,6 +12,7 @@ import torch
 from mla_bench.timing import Bench, rel_err
 
 L2_PAGES = 8  # --l2-resident: pages every request reads (8 x 64 x 576 x 2 bytes, under 1 MB)
+FP8_SCALE = 4.0 / 448  # --fp8: the latent cache's scale (random latents beyond 4 saturate)
 
 
 class Shape:
@@ -27,7 +28,8 @@ class Shape:
                                                  p["scale"])  # fmt: skip
         self.heads, self.batch, self.ctx = heads, batch, ctx
         dim = self.L + self.R
-        self.latent_bytes = batch * ctx * dim * self.dtype.itemsize
+        self.kv_scale = torch.tensor(FP8_SCALE, device=dev) if p.get("fp8") else None
+        self.latent_bytes = batch * ctx * dim * (1 if p.get("fp8") else self.dtype.itemsize)
         pages = -(-ctx // self.page)
         num_blocks = batch * pages + 1  # block 0: the null block
         perm = torch.randperm(batch * pages, generator=gen) + 1
@@ -36,7 +38,8 @@ class Shape:
         self.block_table = perm.view(batch, pages).to(torch.int32).to(dev)
         self.rotations = bench.rotations(self.latent_bytes)
         self.caches = [
-            self.randn(num_blocks, self.page, dim, device=dev) for _ in range(self.rotations)
+            self.stored(self.randn(num_blocks, self.page, dim, device=dev))
+            for _ in range(self.rotations)
         ]
         self.q = self.randn(batch, heads, dim, device=dev)
         self.out = torch.empty(batch, heads, self.L, dtype=self.dtype, device=dev)
@@ -51,6 +54,7 @@ class Shape:
             num_reqs=self.batch, num_tokens=self.batch, num_heads=self.heads, max_query_len=1,
             max_seq_len=self.ctx, dtype=self.dtype, device=self.q.device, tiles=tiles,
             num_segments=num_segments, latent_dims=(self.L, self.q.shape[2] - self.L),
+            fp8_cache=self.kv_scale is not None,
         )  # fmt: skip
         scratch = MLAScratch()
         if plan.split is not None:
@@ -60,17 +64,28 @@ class Shape:
     def randn(self, *shape: int, device: torch.device) -> torch.Tensor:
         return torch.randn(*shape, device=device).to(self.dtype)
 
+    def stored(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents as the cache holds them: quantized to e4m3 with --fp8."""
+        from unified_attn.backends.kv_quant import quantize_fp8
+
+        return latents if self.kv_scale is None else quantize_fp8(latents, self.kv_scale)
+
     def ours(self, cache: torch.Tensor, plan: Any, scratch: Any) -> Callable[[], torch.Tensor]:
         from unified_attn.backends.triton.mla_ops import mla_attention
 
         return functools.partial(
             mla_attention, self.q, cache, self.block_table, self.qsl, self.seq_lens, self.scale,
-            self.out, self.L, plan=plan, scratch=scratch,
+            self.out, self.L, plan=plan, scratch=scratch, kv_scale=self.kv_scale,
         )  # fmt: skip
 
     def gather(self, cache: torch.Tensor) -> torch.Tensor:
-        """Each request's pages as a dense `[B, ctx, L + R]` tensor."""
-        return cache[self.block_table].flatten(1, 2)[:, : self.ctx]
+        """Each request's pages as a dense `[B, ctx, L + R]` tensor (dequantized with --fp8)."""
+        from unified_attn.backends.kv_quant import dequantize_fp8
+
+        dense = cache[self.block_table].flatten(1, 2)[:, : self.ctx]
+        if self.kv_scale is None:
+            return dense
+        return dequantize_fp8(dense, self.kv_scale).to(self.dtype)
 
     def sdpa(self, dense: torch.Tensor) -> torch.Tensor:
         """Heads as the query rows of the single latent KV head: `[B, H, L]`."""

@@ -39,7 +39,6 @@ def test_unsupported_cache_dtypes_are_a_clear_value_error(bad):
     "model, backend, reason",
     [
         ("tiny-llama", "legacy-reference", "KV-cache dtype fp8 must equal the model dtype"),
-        ("deepseek-v3-like", "triton-mla", "the MLA kernel reads a latent cache of the model"),
         ("deepseek-v4-like", None, "KV-cache dtype fp8 must equal the model dtype"),
     ],
 )

@@ -37,11 +37,43 @@ def test_engine_matches_transformers(v3):
         assert (out.logits - sampled).abs().max() < 1e-4
 
 
+def test_an_fp8_latent_cache_gives_the_reference_backends_logits(v3):
+    # Both backends calibrate each layer's scale from the same first prefill (equal up to the
+    # float32 rounding of the layers before), write the latents as e4m3 and attend over the
+    # dequantized latents (the kernel converts them to the dot dtype and folds the scale into
+    # the softmax scale and the output).
+    _, path = v3
+    batch = prompts([9, 3, 12])
+    params = SamplingParams(max_tokens=NUM_TOKENS, ignore_eos=True, return_logits=True,
+                            prompt_logits=True)  # fmt: skip
+    runs = {}
+    for backend in ("triton-mla", "mla-reference"):
+        engine = LLMEngine(str(path), backend=backend, kv_cache_dtype="fp8", block_size=16,
+                           kv_cache_memory="1MiB", max_num_batched_tokens=7,
+                           max_model_len=64)  # fmt: skip
+        outs = engine.generate(batch, params)
+        scales = {name: backend.kv_scales.tensors[name].tolist()
+                  for name, backend in ((layer.name, b) for layer, b in
+                                        engine.model.attention_layers())}  # fmt: skip
+        kv = {b.kv_cache_dtype for _, b in engine.model.attention_layers()}
+        runs[backend] = (outs, scales, kv)
+    (triton_outs, triton_scales, kv), (ref_outs, ref_scales, _) = runs.values()
+    assert kv == {torch.float8_e4m3fn} and triton_scales.keys() == ref_scales.keys()
+    for name, scale in triton_scales.items():  # layer 0's equal; later ones see their inputs
+        assert scale == pytest.approx(ref_scales[name], rel=1e-6)  # through float32 rounding
+    assert all(s != [1.0, 1.0] for s in triton_scales.values())  # calibrated
+    for got, want in zip(triton_outs, ref_outs, strict=True):
+        assert got.output_token_ids == want.output_token_ids
+        assert (got.prompt_logits - want.prompt_logits).abs().max() < 1e-4
+        assert (got.logits - want.logits).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize(
     "options, reason",
     [
         (dict(sliding_window=64), "sliding windows are not supported"),
         (dict(use_batch_invariant=True), "batch invariance is not supported"),
+        (dict(kv_cache_dtype="float16"), "KV-cache dtype float16 must equal the model dtype"),
         (dict(dtype=torch.float64), "dtype torch.float64 is not one of"),
     ],
 )

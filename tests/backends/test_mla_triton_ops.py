@@ -14,7 +14,9 @@ import attrs
 import pytest
 import torch
 
+from unified_attn.backends.kv_quant import dequantize_fp8, quantize_fp8
 from unified_attn.backends.triton.mla_ops import (
+    HOPPER_TILES,
     MLAScratch,
     MLATiles,
     mla_attention,
@@ -110,6 +112,7 @@ def run(
     num_segments: int | None = 1,
     tiles: MLATiles | None = None,
     max_seq_len: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     num_tokens, heads, _ = b.q.shape
     new = (b.query_start_loc[1:] - b.query_start_loc[:-1]).tolist()
@@ -123,6 +126,7 @@ def run(
         device=b.q.device,
         tiles=tiles,
         num_segments=num_segments,
+        fp8_cache=kv_scale is not None,
     )
     scratch = MLAScratch()
     if plan.split is not None:
@@ -141,14 +145,15 @@ def run(
         b.kv_lora_rank,
         plan=plan,
         scratch=scratch,
+        kv_scale=kv_scale,
     )
     assert got is out
     return out
 
 
-def check(b: Batch, **kwargs) -> torch.Tensor:
+def check(b: Batch, oracle_batch: Batch | None = None, **kwargs) -> torch.Tensor:
     got = run(b, **kwargs).double().cpu()
-    want = oracle(b)
+    want = oracle(oracle_batch or b)
     assert torch.isfinite(got).all(), "unwritten rows, or a read outside a request's keys"
     err = (got - want).abs().max().item()
     assert err < TOL[b.q.dtype], f"max error {err}"
@@ -361,3 +366,67 @@ def test_bad_inputs_are_rejected():
         write_latent_cache(b.q[:, 0, :64], cache, torch.zeros(1, dtype=torch.long, device=DEVICE))
     with pytest.raises(ValueError, match="slot_mapping: expected shape"):
         write_latent_cache(b.q[:, 0], cache, torch.zeros(0, dtype=torch.long, device=DEVICE))
+
+
+def fp8_cache(b: Batch, scale: float) -> tuple[Batch, Batch, torch.Tensor]:
+    """`b` with its cache quantized to float8 e4m3 (`kv_scale` = `scale`), the same batch with
+    the dequantized latents in float32 for the oracle, and the scale tensor."""
+    kv_scale = torch.tensor(scale, device=DEVICE)
+    quantized = quantize_fp8(b.cache, kv_scale)
+    return (attrs.evolve(b, cache=quantized),
+            attrs.evolve(b, cache=dequantize_fp8(quantized, kv_scale)), kv_scale)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("computed", "new", "num_segments"),
+    [(*DECODE, 1), (*DECODE, 3), ([0, 9, 30], [13, 1, 5], 1)],
+    ids=["decode", "decode-split3", "mixed"],
+)
+def test_an_fp8_cache_is_attention_over_its_dequantized_latents(dtype, computed, new,
+                                                                num_segments):  # fmt: skip
+    # scale 0.004: latents beyond 1.8 saturate at 448, so the stored bytes are not a plain cast
+    padding = (3,) if computed == DECODE[0] else ()
+    b = make_batch(computed, new, heads=16, page=16, dtype=dtype, padding=padding, seed=4)
+    quantized, dequantized, kv_scale = fp8_cache(b, 0.004)
+    got = check(quantized, dequantized, num_segments=num_segments, kv_scale=kv_scale)
+    want = oracle(dequantized)
+    assert (got - oracle(b)).abs().max() > 10 * (got - want).abs().max()  # really quantized
+
+
+@pytest.mark.skipif(not GPU, reason="bf16 queries take float16 dots: needs bf16 on a GPU")
+def test_fp8_with_bf16_queries_beyond_float16_range():
+    # Query rows above 2^14 are divided by a power of two before their float16 dots.
+    b = make_batch(*DECODE, heads=16, page=16, dtype=torch.bfloat16, padding=(3,), seed=5)
+    b = attrs.evolve(b, q=b.q * torch.tensor([1.0, 3e4, 1.0, 1.0, 5e5], device=DEVICE)[:, None,
+                                                                                       None])
+    quantized, dequantized, kv_scale = fp8_cache(b, 0.01)
+    got = run(quantized, kv_scale=kv_scale).double().cpu()
+    want = oracle(dequantized)
+    assert torch.isfinite(got).all()
+    assert ((got - want).abs().amax((1, 2)) / want.abs().amax((1, 2)).clamp(min=1e-6)).max() < 0.05
+
+
+def test_write_latent_cache_writes_fp8_bytes():
+    cache = torch.zeros(4, 16, 80, dtype=torch.float8_e4m3fn, device=DEVICE)
+    latent = quantize_fp8(torch.randn(3, 80, device=DEVICE), torch.tensor(0.01, device=DEVICE))
+    write_latent_cache(latent, cache, torch.tensor([5, -1, 17], device=DEVICE))
+    assert torch.equal(cache[0, 5].view(torch.uint8), latent[0].view(torch.uint8))
+    assert torch.equal(cache[1, 1].view(torch.uint8), latent[2].view(torch.uint8))
+
+
+def test_fp8_inputs_are_checked():
+    b = make_batch([5], [1], heads=16, page=16, dtype=DTYPES[0])
+    quantized, _, kv_scale = fp8_cache(b, 0.01)
+    with pytest.raises(ValueError, match="latent_cache: expected dtype"):
+        run(quantized)  # an fp8 cache without its scale
+    with pytest.raises(ValueError, match="latent_cache: expected dtype"):
+        run(b, kv_scale=kv_scale)  # a scale for a cache of the query dtype
+    with pytest.raises(ValueError, match="kv_scale: expected a 0-dim float32"):
+        run(quantized, kv_scale=kv_scale.reshape(1))
+    hopper = plan_mla(num_reqs=1, num_tokens=1, num_heads=16, max_query_len=1, max_seq_len=6,
+                      dtype=b.q.dtype, device=b.q.device, tiles=HOPPER_TILES, num_segments=1)
+    out = torch.empty(1, 16, 64, dtype=b.q.dtype, device=DEVICE)
+    with pytest.raises(ValueError, match="the Hopper MLA kernel cannot run this batch"):
+        mla_attention(quantized.q, quantized.cache, b.block_table, b.query_start_loc,
+                      b.seq_lens, 0.1, out, 64, plan=hopper, kv_scale=kv_scale)  # fmt: skip

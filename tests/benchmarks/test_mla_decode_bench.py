@@ -99,3 +99,15 @@ def test_l2_resident_block_table_cycles_over_eight_pages(bench):
     assert table.shape == (3, 20)
     expected = torch.arange(20) % L2_PAGES + 1
     assert torch.equal(table, expected.expand(3, 20).to(table.dtype))
+
+
+def test_an_fp8_latent_cache_counts_one_byte_per_element(bench, tmp_path):
+    # --fp8: the kernel reads e4m3 latents; the oracle and the peers read them dequantized.
+    argv = ["--quick", "--batches", "2", "--contexts", "40", "--fp8", "--no-plot"]
+    bench.main([*argv, "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "mla_decode.json").read_text())
+    assert data["params"]["fp8"] is True and data["errors"] == []
+    assert data["oracle_check"]["ok"]
+    shape = data["shapes"][0]
+    assert shape["latent_bytes"] == 2 * 40 * (64 + 16)
+    assert shape["gather_sdpa"]["vs_ours"]["ok"] and shape["sdpa_dense"]["vs_ours"]["ok"]

@@ -8,7 +8,8 @@ capture the plan covers `max_model_len` (the runner's capture metadata) and the 
 most segments, so replays of shorter or longer contexts stay correct.
 
 No sliding window (the kernel has none) and no batch invariance is claimed: the split-KV plan
-and the tiles follow the batch's shape.
+and the tiles follow the batch's shape. An fp8 latent cache (`kv_cache_dtype="fp8"`, the scales
+of `backends/kv_quant.py`) runs on the portable kernel, which dequantizes in registers.
 """
 
 from __future__ import annotations
@@ -47,11 +48,6 @@ class TritonMLABackend(MLAReferenceBackend):
             reasons.append("sliding windows are not supported by the MLA kernel")
         if cfg.use_batch_invariant:
             reasons.append("batch invariance is not supported (split-KV follows the batch)")
-        if cfg.kv_cache_dtype not in ("auto", cfg.dtype):
-            reasons.append(
-                f"KV-cache dtype {cfg.kv_cache_dtype}: the MLA kernel reads a latent cache of the "
-                "model dtype (mla-reference takes an fp8 one)"
-            )
         return reasons
 
     @classmethod
@@ -67,11 +63,10 @@ class TritonMLABackend(MLAReferenceBackend):
                 f"qk_rope_head_dim={rope} must be powers of two >= 16 for the MLA kernel; use "
                 "the mla-reference backend for this model"
             )
-        if self.sliding_window is not None or self.kv_scales is not None:
+        if self.sliding_window is not None:
             raise ValueError(
-                f"{type(self).__name__}: sliding_window={self.sliding_window}, kv_cache_dtype="
-                f"{self.kv_cache_dtype}: the MLA kernel takes neither a window nor an fp8 latent "
-                "cache; use the mla-reference backend"
+                f"{type(self).__name__}: sliding_window={self.sliding_window}: the MLA kernel "
+                "takes no window; use the mla-reference backend"
             )
         self.max_num_heads = 1
         self.scratch = MLAScratch()  # split-KV partial results: grown on the host, never shrunk
@@ -99,6 +94,7 @@ class TritonMLABackend(MLAReferenceBackend):
             dtype=self.dtype,
             device=device,
             latent_dims=(self.kv_lora_rank, self.head_size - self.kv_lora_rank),
+            fp8_cache=self.kv_scales is not None,
         )
         if for_cudagraph_capture:  # a graph keeps the scratch's address: size it for any replay
             segments = MAX_SEGMENTS
@@ -127,9 +123,7 @@ class TritonMLABackend(MLAReferenceBackend):
         *,
         kv_scale: torch.Tensor | None = None,
     ) -> None:
-        if kv_scale is not None:  # the constructor refuses fp8 caches; keep the seam honest
-            raise ValueError(f"{self.name}: the MLA kernel takes no fp8 latent cache")
         mla_attention(
             q_abs, cache, block_table, query_start_loc, seq_lens, scale, out, self.kv_lora_rank,
-            plan=self.current_plan().launch, scratch=self.scratch,
+            plan=self.current_plan().launch, scratch=self.scratch, kv_scale=kv_scale,
         )  # fmt: skip

@@ -5,7 +5,9 @@ Host work once per batch: `plan_mla` picks the tiles from the head count and que
 for decode-shaped batches whose programs would under-fill the GPU, a split-KV plan; `MLAScratch`
 holds the split's float32 partial results and is sized once (`ensure`) before any launch or
 graph capture. Device work per layer: `mla_attention` and `write_latent_cache` validate shapes
-on the host and launch; neither reads a device value on the host nor allocates.
+on the host and launch; neither reads a device value on the host nor allocates. An fp8 (e4m3)
+latent cache (its scale a 0-dim float32 device tensor) is dequantized by the kernels: in
+registers by the portable one, in shared memory by the Hopper fp8 kernel (mla_sm90.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from unified_attn.backends.triton.ops import (
     SplitPlan,
     num_multiprocessors,
 )
+from unified_attn.tensor_specs.paged import FP8_KV_DTYPE
 from unified_attn.utils import cdiv, power_of_two
 
 MAX_SEGMENTS = 64
@@ -130,6 +133,7 @@ def plan_mla(
     tiles: MLATiles | None = None,
     num_segments: int | None = None,
     latent_dims: tuple[int, int] | None = None,
+    fp8_cache: bool = False,
 ) -> MLAPlan:
     """Plan a batch of `num_reqs` requests, `num_tokens` query rows, from host values.
 
@@ -140,7 +144,8 @@ def plan_mla(
 
     `latent_dims` `(L, R)`: with them a batch of at least 64 heads in which every request has
     the same 1 to `HOPPER_MAX_QUERY_LEN` query tokens (decode, speculative verification) gets
-    the Hopper kernels (`HOPPER_TILES`) on an sm90 GPU when they can serve them.
+    the Hopper kernels (`HOPPER_TILES`) on an sm90 GPU when they can serve them (with
+    `fp8_cache`, the Hopper kernel that dequantizes an fp8 latent cache).
     """
     if tiles is None:
         uniform_short = (
@@ -150,7 +155,9 @@ def plan_mla(
             uniform_short
             and num_heads >= 64
             and latent_dims is not None
-            and not hopper_reasons(device, dtype, *latent_dims, HOPPER_TILES)
+            and not hopper_reasons(
+                device, dtype, *latent_dims, HOPPER_TILES, fp8_cache=fp8_cache
+            )
         )
         tiles = HOPPER_TILES if hopper else mla_tiles(num_heads, max_query_len, dtype)
     uniform = (
@@ -275,6 +282,7 @@ def _check_attention_inputs(
     seq_lens: torch.Tensor,
     out: torch.Tensor,
     kv_lora_rank: int,
+    kv_scale: torch.Tensor | None,
 ) -> None:
     if q.dim() != 3:
         raise _shape_error("q", "[num_tokens, num_heads, L + R]", q)
@@ -284,7 +292,13 @@ def _check_attention_inputs(
     _check_latent_dims(kv_lora_rank, dim - kv_lora_rank)
     if q.stride(2) != 1:
         raise ValueError(f"q: expected a contiguous last dimension, found strides {q.stride()}")
-    _check_cache(latent_cache, q.dtype, dim)
+    _check_cache(latent_cache, q.dtype if kv_scale is None else FP8_KV_DTYPE, dim)
+    if kv_scale is not None and (kv_scale.shape != () or kv_scale.dtype != torch.float32
+                                 or kv_scale.device != q.device):  # fmt: skip
+        raise ValueError(
+            f"kv_scale: expected a 0-dim float32 tensor on {q.device}, found "
+            f"{tuple(kv_scale.shape)} {kv_scale.dtype} on {kv_scale.device}"
+        )
     if out.shape != (num_tokens, num_heads, kv_lora_rank):
         raise _shape_error("out", f"({num_tokens}, {num_heads}, {kv_lora_rank})", out)
     if out.dtype != q.dtype:
@@ -324,9 +338,11 @@ def mla_attention(
     *,
     plan: MLAPlan,
     scratch: MLAScratch | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Weight-absorbed MLA attention of `q [T, H, L + R]` over `latent_cache [num_blocks,
-    block_size, L + R]`; writes and returns `out [T, H, L]`.
+    block_size, L + R]`; writes and returns `out [T, H, L]`. With `kv_scale` (0-dim float32)
+    the cache holds float8 e4m3 latents, each standing for its value times `kv_scale`.
 
     Request i owns rows `[query_start_loc[i], query_start_loc[i + 1])`; its row j sits at
     position `seq_lens[i] - q_len_i + j` and attends causally to cached positions `[0,
@@ -336,7 +352,7 @@ def mla_attention(
     `scratch` already `ensure`d for at least T x H x num_segments rows.
     """
     _check_attention_inputs(
-        q, latent_cache, block_table, query_start_loc, seq_lens, out, kv_lora_rank
+        q, latent_cache, block_table, query_start_loc, seq_lens, out, kv_lora_rank, kv_scale
     )
     num_tokens, num_heads, _ = q.shape
     num_reqs = seq_lens.shape[0]
@@ -357,7 +373,7 @@ def mla_attention(
         )
     if tiles.hopper:
         launch_hopper(q, latent_cache, block_table, seq_lens, scale, out, kv_lora_rank, plan,
-                      part_acc, part_lse)  # fmt: skip
+                      part_acc, part_lse, kv_scale)  # fmt: skip
         return out
     page = latent_cache.shape[1]
     if plan.uniform_query_len:
@@ -367,6 +383,7 @@ def mla_attention(
     grid = (cdiv(num_heads, tiles.block_h), q_blocks, num_segments)
     mla_attention_kernel[grid](
         out, q, latent_cache, block_table, seq_lens, query_start_loc, part_acc, part_lse,
+        seq_lens if kv_scale is None else kv_scale,
         scale * 1.4426950408889634, num_reqs, num_heads, split.segment if split else 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
@@ -374,7 +391,7 @@ def mla_attention(
         BLOCK_H=tiles.block_h, BLOCK_Q=tiles.block_q, BLOCK_N=tiles.block_n,
         UNIFORM_QUERY_LEN=plan.uniform_query_len, TILE_IN_PAGE=page % tiles.block_n == 0,
         SPLIT=split is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_scale is not None,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split is not None:
@@ -409,8 +426,9 @@ def _partials(
 def write_latent_cache(
     latent: torch.Tensor, latent_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Write `latent [T, L + R]` (normed c, then roped k_pe) into `latent_cache [num_blocks,
-    block_size, L + R]` at `slot_mapping [T]` int64 (slot = block * block_size + offset; -1 =
+    """Write `latent [T, L + R]` (normed c, then roped k_pe; already quantized for an fp8
+    cache) into `latent_cache [num_blocks, block_size, L + R]` (latent's dtype) at
+    `slot_mapping [T]` int64 (slot = block * block_size + offset; -1 =
     padding, skipped).
 
     A Triton kernel rather than `index_copy_`: skipping the -1 slots in torch needs a boolean
@@ -420,8 +438,8 @@ def write_latent_cache(
     """
     if latent.dim() != 2:
         raise _shape_error("latent", "[num_tokens, L + R]", latent)
-    if latent.dtype not in SUPPORTED_DTYPES:
-        raise _dtype_error("latent", latent, f"one of {SUPPORTED_DTYPES}")
+    if latent.dtype not in (*SUPPORTED_DTYPES, FP8_KV_DTYPE):
+        raise _dtype_error("latent", latent, f"one of {(*SUPPORTED_DTYPES, FP8_KV_DTYPE)}")
     if latent.stride(1) != 1:
         raise ValueError(
             f"latent: expected a contiguous last dimension, found strides {latent.stride()}"

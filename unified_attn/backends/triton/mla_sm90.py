@@ -1,11 +1,13 @@
 """The Hopper (sm90) MLA decode kernels: which batches they serve, and their launches.
 
-Two Gluon kernels serve weight-absorbed MLA decode (one query token per request, or up to
+Three Gluon kernels serve weight-absorbed MLA decode (one query token per request, or up to
 `HOPPER_MAX_QUERY_LEN` of them in speculative verification; at least 64 heads) on an sm90 GPU
-with 16-bit data:
+with 16-bit queries:
 - the warp-specialized kernel (`kernels/mla_decode_sm90_ws.py`), when every page holds a
   multiple of 64 keys (a tile is one page's rows, one TMA copy) and its shared memory fits;
-- the lockstep kernel (`kernels/mla_attention_sm90.py`) otherwise (any page size).
+- the lockstep kernel (`kernels/mla_attention_sm90.py`) otherwise (any page size);
+- the fp8 kernel (`kernels/mla_decode_sm90_fp8.py`) for an fp8 (e4m3) latent cache, which it
+  dequantizes in shared memory (any page size).
 `plan_mla` (mla_ops.py) picks them; `launch_hopper` chooses between the two from the cache's
 layout at launch (host values only: no device read, CUDA-graph safe).
 """
@@ -21,6 +23,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from unified_attn.backends.triton.kernels.merge_partials import merge_mla_partials
 from unified_attn.backends.triton.kernels.mla_attention_sm90 import mla_attention_sm90_kernel
+from unified_attn.backends.triton.kernels.mla_decode_sm90_fp8 import mla_decode_sm90_fp8_kernel
 from unified_attn.backends.triton.kernels.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel
 from unified_attn.backends.triton.ops import SM90_SHARED_BYTES, is_sm90, rows_16_byte_aligned
 from unified_attn.utils import cdiv
@@ -36,10 +39,17 @@ LOG2E = 1.4426950408889634
 
 
 def hopper_reasons(
-    device: torch.device, dtype: torch.dtype, kv_lora_rank: int, rope_dim: int, tiles: MLATiles
+    device: torch.device,
+    dtype: torch.dtype,
+    kv_lora_rank: int,
+    rope_dim: int,
+    tiles: MLATiles,
+    *,
+    fp8_cache: bool = False,
 ) -> list[str]:
-    """Why the lockstep Hopper kernel with `tiles` cannot serve these latent dims on this device
-    (none: it can; the warp-specialized one serves a subset of what it serves)."""
+    """Why the lockstep Hopper kernel with `tiles` (the fp8 kernel with `fp8_cache`) cannot
+    serve these latent dims on this device (none: it can; the warp-specialized one serves a
+    subset of what the lockstep one serves)."""
     reasons = []
     if not is_sm90(device):
         reasons.append(f"device {device} is not an sm90 GPU")
@@ -49,14 +59,25 @@ def hopper_reasons(
         reasons.append(f"kv_lora_rank {kv_lora_rank} is not one of {HOPPER_LATENT_RANKS}")
     if rope_dim not in HOPPER_ROPE_DIMS:
         reasons.append(f"rope dim {rope_dim} is not one of {HOPPER_ROPE_DIMS}")
-    elif tiles.shared_bytes(kv_lora_rank, rope_dim) + 1024 > SM90_SHARED_BYTES:
+    elif shared_bytes(kv_lora_rank, rope_dim, tiles, fp8_cache) + 1024 > SM90_SHARED_BYTES:
+        need = shared_bytes(kv_lora_rank, rope_dim, tiles, fp8_cache)
         reasons.append(
             f"L + R = {kv_lora_rank + rope_dim} with {tiles.num_stages} stages of "
-            f"{tiles.block_n} keys needs {tiles.shared_bytes(kv_lora_rank, rope_dim)} bytes of "
+            f"{tiles.block_n} {'fp8 ' if fp8_cache else ''}keys needs {need} bytes of "
             f"shared memory (plus about 1 KiB of scratch), more than the {SM90_SHARED_BYTES} "
             "an sm90 program has"
         )
     return reasons
+
+
+def shared_bytes(kv_lora_rank: int, rope_dim: int, tiles: MLATiles, fp8_cache: bool) -> int:
+    """Shared memory of one lockstep program (`MLATiles.shared_bytes`) or, with `fp8_cache`,
+    of one fp8 program: the float16 query, the ring of fp8 tiles, one dequantized tile and the
+    probabilities."""
+    if not fp8_cache:
+        return tiles.shared_bytes(kv_lora_rank, rope_dim)
+    dim, tile = kv_lora_rank + rope_dim, tiles.block_n
+    return 2 * 64 * dim + tiles.num_stages * tile * dim + 2 * tile * dim + 2 * 64 * tile
 
 
 def ws_shared_bytes(kv_lora_rank: int, rope_dim: int) -> int:
@@ -116,14 +137,18 @@ def launch_hopper(
     plan: MLAPlan,
     part_acc: torch.Tensor,
     part_lse: torch.Tensor,
+    kv_scale: torch.Tensor | None = None,
 ) -> None:
-    """A Hopper kernel (the warp-specialized one where `warp_specialized_fits`), then the merge
-    of a split's partials. Each query token is its own program row: with `uniform_query_len`
-    n > 1 (speculative verification) token j of a request sees its first `seq_len - n + j + 1`
-    keys. Raises ValueError naming what does not fit."""
+    """A Hopper kernel (the fp8 one with `kv_scale`, else the warp-specialized one where
+    `warp_specialized_fits`), then the merge of a split's partials. Each query token is its
+    own program row: with `uniform_query_len` n > 1 (speculative verification) token j of a
+    request sees its first `seq_len - n + j + 1` keys. Raises ValueError naming what does not
+    fit."""
     num_tokens, num_heads, dim = q.shape
     tiles, split = plan.tiles, plan.split
-    reasons = hopper_reasons(q.device, q.dtype, kv_lora_rank, dim - kv_lora_rank, tiles)
+    fp8 = kv_scale is not None
+    reasons = hopper_reasons(q.device, q.dtype, kv_lora_rank, dim - kv_lora_rank, tiles,
+                             fp8_cache=fp8)  # fmt: skip
     if not 1 <= plan.uniform_query_len <= HOPPER_MAX_QUERY_LEN:
         reasons.append(
             f"the plan's uniform_query_len is {plan.uniform_query_len}, not 1 to "
@@ -141,7 +166,16 @@ def launch_hopper(
     grid = (cdiv(num_heads, 64), num_segments, num_tokens)
     segment = split.segment if split else 0
     rope_dim = dim - kv_lora_rank
-    if warp_specialized_fits(latent_cache, kv_lora_rank, tiles):
+    if fp8:
+        mla_decode_sm90_fp8_kernel[grid](
+            out, q, latent_cache, block_table, seq_lens, part_acc, part_lse, kv_scale, scale,
+            num_heads, segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
+            L=kv_lora_rank, R=rope_dim, PAGE=latent_cache.shape[1], TILE=tiles.block_n,
+            STAGES=tiles.num_stages, SPLIT=split is not None, QUERY_LEN=plan.uniform_query_len,
+            num_warps=8,
+        )  # fmt: skip
+    elif warp_specialized_fits(latent_cache, kv_lora_rank, tiles):
         desc, rope_desc = _descriptors(latent_cache, kv_lora_rank)
         mla_decode_sm90_ws_kernel[grid](
             out, q, block_table, seq_lens, part_acc, part_lse, scale * LOG2E, num_heads, segment,

@@ -30,6 +30,13 @@ segment_len)` (the last segment everything after, so a plan made for shorter con
 correct), and writes its rows' normalised partial output and log2-sum-exp to float32 scratch;
 `merge_partials_kernel` (merge_partials.py) combines the segments of each (token, head). Empty
 segments write lse = -inf and drop out of the merge.
+
+An fp8 (e4m3) latent cache (FP8) is dequantized in registers, as the paged kernel does
+(unified_attention.py): each tile is loaded as float8 and converted to the dot dtype (exact),
+which is float16 for bf16 queries (one conversion instruction per two values instead of three;
+each query row is first divided by a power of two that brings it under 2^14, and that factor
+multiplies its scores). The cache's scale is folded into the softmax scale and into the
+accumulator before it is normalised: one scalar load per program.
 """
 
 import triton
@@ -70,6 +77,21 @@ def _online_softmax_step(s, m_i, l_i, acc):
 
 
 @triton.jit
+def _fp8_queries(q_nope, q_pe, qk_scale):
+    """The query rows as the fp8 path's dots take them, and each row's score factor (`qk_scale`
+    in log2 units, times the row's power-of-two divisor for float16 dots with bf16 queries)."""
+    row_factor = tl.full([q_nope.shape[0]], 1.0, dtype=tl.float32) * qk_scale
+    if q_nope.dtype == tl.bfloat16:
+        nope, pe = q_nope.to(tl.float32), q_pe.to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(nope), axis=1), tl.max(tl.abs(pe), axis=1))
+        row_scale = tl.where(amax > 16384.0, tl.exp2(tl.ceil(tl.log2(amax / 16384.0))), 1.0)
+        q_nope = (nope / row_scale[:, None]).to(tl.float16)
+        q_pe = (pe / row_scale[:, None]).to(tl.float16)
+        row_factor = row_factor * row_scale
+    return q_nope, q_pe, row_factor
+
+
+@triton.jit
 def mla_attention_kernel(
     out_ptr,  # [T, H, L]
     q_ptr,  # [T, H, L + R]
@@ -79,6 +101,7 @@ def mla_attention_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     part_acc_ptr,  # [T, H, num_segments, L] float32 (SPLIT only)
     part_lse_ptr,  # [T, H, num_segments] float32, log2 units (SPLIT only)
+    kv_scale_ptr,  # FP8: 0-dim float32, the latent cache's scale (else unused)
     scale_log2,  # softmax scale * log2(e)
     num_reqs,
     num_heads,
@@ -100,6 +123,7 @@ def mla_attention_kernel(
     TILE_IN_PAGE: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact float32 dots, else "tf32"
+    FP8: tl.constexpr = False,  # the cache holds float8 e4m3 latents scaled by kv_scale
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * BLOCK_H
     head_block = tl.program_id(0)
@@ -135,6 +159,9 @@ def mla_attention_kernel(
     q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
     q_nope = tl.load(q_rows + dims_c[None, :], mask=row_valid[:, None], other=0.0)
     q_pe = tl.load(q_rows + KV_LORA_RANK + dims_pe[None, :], mask=row_valid[:, None], other=0.0)
+    row_factor = tl.full([BLOCK_M], 1.0, dtype=tl.float32) * scale_log2  # FP8 only
+    if FP8:
+        q_nope, q_pe, row_factor = _fp8_queries(q_nope, q_pe, scale_log2 * tl.load(kv_scale_ptr))
 
     # Keys of this program: [seg_lo, seg_hi), causally bounded by its last query row.
     last_q = tl.minimum(local_block * BLOCK_Q + BLOCK_Q, q_len) - 1
@@ -169,16 +196,21 @@ def mla_attention_kernel(
             pe_ptrs = key_rows[:, None] + KV_LORA_RANK + dims_pe[None, :]
         c = tl.load(c_ptrs, mask=key_valid[:, None], other=0.0)  # [BLOCK_N, L]: key and value
         k_pe = tl.load(pe_ptrs, mask=key_valid[:, None], other=0.0)  # [BLOCK_N, R]
+        if FP8:  # exact: every e4m3 value is a value of the dot dtype
+            c, k_pe = c.to(q_nope.dtype), k_pe.to(q_nope.dtype)
 
         s = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION)
         s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
         visible = key_valid[None, :]
         if BLOCK_Q > 1:  # decode rows see every key of the segment already
             visible = visible & (keys[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s * scale_log2, float("-inf"))
+        s = s * row_factor[:, None] if FP8 else s * scale_log2
+        s = tl.where(visible, s, float("-inf"))
         p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
         acc = tl.dot(p.to(c.dtype), c, acc=acc, input_precision=DOT_PRECISION)
 
+    if FP8:  # the values' scale
+        acc = acc * tl.load(kv_scale_ptr)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     partial = acc / l_safe[:, None]
     if SPLIT:

@@ -1,0 +1,221 @@
+"""Hopper (sm90) MLA decode over an fp8 (e4m3) latent cache, written in Gluon.
+
+Same contract as the lockstep kernel (mla_attention_sm90.py: one program per token, 64 heads
+and one segment of keys; split-KV partials merged by `merge_partials_kernel`), with a cache of
+float8 e4m3 latents that each stand for their value times `kv_scale` (a 0-dim float32 tensor).
+
+Hopper's tensor cores take no mixed fp8 x 16-bit product, so every key tile is dequantized in
+shared memory before its two wgmma products:
+
+- tiles of TILE keys are copied as fp8 bytes by `cp.async` (16 keys' features a copy) into a
+  ring of STAGES buffers, as the lockstep kernel copies bf16 tiles: half the bytes per tile;
+- each tile is then converted in row chunks (shared -> registers -> float16 -> shared, one
+  `cvt.rn.f16x2.e4m3x2` per two values) into the 16-bit tile both products read;
+- the products run in float16, exact for every e4m3 value. bf16 queries are brought into
+  float16's range first: each (token, head) row is divided by the power of two that puts its
+  largest magnitude under 2^14 (exact), and that factor multiplies the row's scores. The scale
+  of the cache multiplies the softmax scale and, once at the end, the accumulator.
+
+Shared memory at L = 512, R = 64, TILE = 64, STAGES = 2: 72 KiB of query, 2 x 36 KiB of fp8
+keys, 72 KiB of dequantized keys and 8 KiB of probabilities: 224 KiB.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from unified_attn.backends.triton.kernels.gathered_attention_sm90 import _softmax, _store_chunk
+from unified_attn.backends.triton.kernels.mla_attention_sm90 import (
+    _copy_rows,
+    _key_rows,
+    segment_of,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
+CHUNK: gl.constexpr = gl.constexpr(16)  # key rows dequantized at a time (registers: 16 a thread)
+F16_MAX_ROW: gl.constexpr = gl.constexpr(16384.0)  # query rows are scaled under 2^14
+
+
+@gluon.jit
+def _dequantize(src, dst, ROWS: gl.constexpr, layout: gl.constexpr):
+    """fp8 tile `src` -> float16 tile `dst`, CHUNK rows at a time (exact conversion)."""
+    for r in gl.static_range(0, ROWS, CHUNK):
+        x = src.slice(r, CHUNK).load(layout)
+        dst.slice(r, CHUNK).store(x.to(gl.float16))
+
+
+@gluon.jit
+def _queries(q_ptr, q_smem, qpe_smem, heads, dims, heads_pe, dims_pe, num_heads, stride_qh,
+             L: gl.constexpr, layout: gl.constexpr, pe_layout: gl.constexpr):  # fmt: skip
+    """The token's query rows `[64, L]` and `[64, R]` as float16 in shared memory, and each
+    row's power-of-two divisor (1 for float16 queries) in `layout`'s row slice."""
+    rows = gl.expand_dims(heads < num_heads, 1)
+    q = gl.load(q_ptr + gl.expand_dims(heads * stride_qh, 1) + gl.expand_dims(dims, 0),
+                mask=rows & gl.expand_dims(dims >= 0, 0), other=0.0).to(gl.float32)  # fmt: skip
+    pe_rows = gl.expand_dims(heads_pe < num_heads, 1)
+    pe_ptrs = q_ptr + L + gl.expand_dims(heads_pe * stride_qh, 1) + gl.expand_dims(dims_pe, 0)
+    qpe = gl.load(pe_ptrs, mask=pe_rows & gl.expand_dims(dims_pe >= 0, 0), other=0.0)
+    qpe = qpe.to(gl.float32)
+    if q_ptr.dtype.element_ty == gl.bfloat16:
+        amax = gl.maximum(gl.max(gl.abs(q), axis=1),
+                          gl.convert_layout(gl.max(gl.abs(qpe), axis=1),
+                                            gl.SliceLayout(1, layout)))  # fmt: skip
+        divisor = gl.where(amax > F16_MAX_ROW, gl.exp2(gl.ceil(gl.log2(amax / F16_MAX_ROW))), 1.0)
+    else:
+        divisor = gl.full([q.shape[0]], 1.0, gl.float32, layout=gl.SliceLayout(1, layout))
+    q_smem.store((q / gl.expand_dims(divisor, 1)).to(gl.float16))
+    pe_divisor = gl.convert_layout(divisor, gl.SliceLayout(1, pe_layout))
+    qpe_smem.store((qpe / gl.expand_dims(pe_divisor, 1)).to(gl.float16))
+    return divisor
+
+
+@gluon.jit
+def mla_decode_sm90_fp8_kernel(
+    out_ptr,  # [T, H, L]
+    q_ptr,  # [T, H, L + R] bf16 or float16
+    cache_ptr,  # [num_blocks, PAGE, L + R] float8 e4m3, last dim contiguous
+    block_table_ptr,  # [T, max_blocks] int32 (one request per token)
+    seq_lens_ptr,  # [T] int32: cached keys of each request after this step
+    part_acc_ptr,  # [T, H, num_segments, L] float32 (SPLIT only)
+    part_lse_ptr,  # [T, H, num_segments] float32, log2 units (SPLIT only)
+    kv_scale_ptr,  # 0-dim float32: the cache's scale
+    scale,  # softmax scale
+    num_heads,
+    segment_len,  # keys per segment (SPLIT; a multiple of TILE)
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_cs,
+    stride_bt,
+    L: gl.constexpr,
+    R: gl.constexpr,
+    PAGE: gl.constexpr,
+    TILE: gl.constexpr,
+    STAGES: gl.constexpr,
+    SPLIT: gl.constexpr,
+    QUERY_LEN: gl.constexpr,  # query tokens of every request (1: decode)
+):
+    BH: gl.constexpr = 64  # heads per program: the wgmma M side
+    fp8: gl.constexpr = cache_ptr.dtype.element_ty
+    # Copies and conversions of fp8 rows: 16-byte vectors, a warp covers one latent row.
+    c8_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [NUM_WARPS, 1], [1, 0])
+    pe8_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (R // 16), R // 16],
+                                                [NUM_WARPS, 1], [1, 0])  # fmt: skip
+    # 16-bit rows (queries and output): 16-byte vectors, a warp covers 2 rows x 128 features.
+    c_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NUM_WARPS, 1], [1, 0])
+    pe_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (R // 8), R // 8], [NUM_WARPS, 1],
+                                               [1, 0])  # fmt: skip
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, TILE // 2, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, L // 2, 16]
+    )
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    f16: gl.constexpr = gl.float16
+    q_smem = gl.allocate_shared_memory(
+        f16, [BH, L], gl.NVMMASharedLayout.get_default_for([BH, L], f16)
+    )
+    qpe_smem = gl.allocate_shared_memory(
+        f16, [BH, R], gl.NVMMASharedLayout.get_default_for([BH, R], f16)
+    )
+    c8_smem = gl.allocate_shared_memory(fp8, [STAGES, TILE, L], plain)
+    pe8_smem = gl.allocate_shared_memory(fp8, [STAGES, TILE, R], plain)
+    c_smem = gl.allocate_shared_memory(
+        f16, [TILE, L], gl.NVMMASharedLayout.get_default_for([TILE, L], f16)
+    )
+    pe_smem = gl.allocate_shared_memory(
+        f16, [TILE, R], gl.NVMMASharedLayout.get_default_for([TILE, R], f16)
+    )
+    p_smem = gl.allocate_shared_memory(
+        f16, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], f16)
+    )
+
+    t, req, head0, segment, seg_lo, seg_hi, num_tiles = segment_of(
+        seq_lens_ptr, segment_len, BH, TILE, QUERY_LEN
+    )
+    table_row = block_table_ptr + req * stride_bt
+    q_ptr += t * stride_qt
+
+    dims_c = gl.arange(0, L, layout=gl.SliceLayout(0, c8_layout))
+    dims_pe = gl.arange(0, R, layout=gl.SliceLayout(0, pe8_layout))
+    keys_c = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, c8_layout))
+    keys_pe = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
+    # Prologue: the block-table entries of tiles 0 and STAGES - 1, the copies of tiles
+    # 0 .. STAGES - 2, then the query (through registers: it is rescaled and converted).
+    first_c = _key_rows(table_row, keys_c, seg_hi, stride_cb, stride_cs, PAGE)
+    first_pe = _key_rows(table_row, keys_pe, seg_hi, stride_cb, stride_cs, PAGE)
+    ahead = (STAGES - 1) * TILE
+    rows_c = _key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+    rows_pe = _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+    _copy_rows(cache_ptr, first_c, 0, dims_c, c8_smem.index(0))
+    _copy_rows(cache_ptr, first_pe, L, dims_pe, pe8_smem.index(0))
+    async_copy.commit_group()
+    for stage in gl.static_range(1, STAGES - 1):
+        more_c = _key_rows(table_row, keys_c + stage * TILE, seg_hi, stride_cb, stride_cs, PAGE)
+        more_pe = _key_rows(table_row, keys_pe + stage * TILE, seg_hi, stride_cb, stride_cs,
+                            PAGE)  # fmt: skip
+        _copy_rows(cache_ptr, more_c, 0, dims_c, c8_smem.index(stage))
+        _copy_rows(cache_ptr, more_pe, L, dims_pe, pe8_smem.index(stage))
+        async_copy.commit_group()
+    heads_o = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, c_layout))
+    dims_o = gl.arange(0, L, layout=gl.SliceLayout(0, c_layout))
+    heads_pe = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, pe_layout))
+    divisor = _queries(q_ptr, q_smem, qpe_smem, heads_o, dims_o, heads_pe,
+                       gl.arange(0, R, layout=gl.SliceLayout(0, pe_layout)), num_heads,
+                       stride_qh, L, c_layout, pe_layout)  # fmt: skip
+    kv_scale = gl.load(kv_scale_ptr)
+    row_factor = gl.expand_dims(gl.convert_layout(divisor, gl.SliceLayout(1, s_layout)), 1)
+
+    m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_acc = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
+    acc = gl.zeros([BH, L], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
+    cols = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
+    qk_scale = scale * LOG2E * kv_scale
+    for i in range(num_tiles):
+        slot = (i + STAGES - 1) % STAGES
+        _copy_rows(cache_ptr, rows_c, 0, dims_c, c8_smem.index(slot))
+        _copy_rows(cache_ptr, rows_pe, L, dims_pe, pe8_smem.index(slot))
+        async_copy.commit_group()
+        ahead += TILE
+        rows_c = _key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+        rows_pe = _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+        async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
+        gl.thread_barrier()  # ... and every thread's; the last tile's products are done
+        _dequantize(c8_smem.index(i % STAGES), c_smem, TILE, c8_layout)
+        _dequantize(pe8_smem.index(i % STAGES), pe_smem, TILE, pe8_layout)
+        fence_async_shared()  # visible to the wgmma's async proxy
+        gl.thread_barrier()
+        qk = warpgroup_mma(q_smem, c_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        qk = warpgroup_mma(qpe_smem, pe_smem.permute((1, 0)), qk, is_async=True)
+        qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
+        p, alpha, m_i, l_acc = _softmax(qk * row_factor, cols < seg_hi, qk_scale, m_i, l_acc)
+        p_smem.store(p.to(f16))
+        fence_async_shared()
+        gl.thread_barrier()
+        alpha_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+        acc = warpgroup_mma(p_smem, c_smem, acc * alpha_o, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cols += TILE
+    async_copy.wait_group(0)
+
+    l_i = gl.sum(l_acc, axis=1)
+    seen = l_i > 0.0
+    norm = gl.where(seen, l_i, 1.0)
+    norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
+    _store_chunk(out_ptr, part_acc_ptr, acc * (kv_scale / norm_o), t, segment, heads_o, dims_o,
+                 num_heads, stride_ot, stride_oh, L, SPLIT, c_layout)  # fmt: skip
+    if SPLIT:
+        lse2 = gl.where(seen, m_i * qk_scale + gl.log2(norm), float("-inf"))
+        s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
+        part = (t * num_heads + s_heads) * gl.num_programs(1) + segment
+        gl.store(part_lse_ptr + part, lse2, mask=s_heads < num_heads)
