@@ -69,23 +69,35 @@ def oracle_check(bench: Bench, p: dict[str, Any], gen: torch.Generator) -> dict[
 
 
 def compiled_kernels() -> list[dict[str, Any]]:
-    """Registers, spills and shared memory of every compiled variant of our kernel (read off
-    Triton's per-device cache: tuning evidence, empty if that internal layout changes)."""
+    """Registers, spills and shared memory of every compiled variant of our kernels (the
+    portable one and the Hopper ones; read off Triton's per-device caches: tuning evidence,
+    an error entry if that internal layout changes)."""
     from unified_attn.backends.triton.kernels.mla_attention import mla_attention_kernel
+    from unified_attn.backends.triton.kernels.mla_attention_sm90 import (
+        mla_attention_sm90_kernel,
+    )
+    from unified_attn.backends.triton.kernels.mla_decode_sm90_fp8 import (
+        mla_decode_sm90_fp8_kernel,
+    )
+    from unified_attn.backends.triton.kernels.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel
 
-    try:
-        cache = mla_attention_kernel.device_caches[torch.cuda.current_device()][0]
-        return [
-            {"constants": constexprs(kern),
-             "n_regs": kern.n_regs, "n_spills": kern.n_spills,
-             "shared_bytes": kern.metadata.shared, "num_warps": kern.metadata.num_warps,
-             "num_stages": kern.metadata.num_stages,
-             "wgmma": kern.asm["ptx"].count("wgmma.mma_async"),
-             "mma_sync": kern.asm["ptx"].count("mma.sync")}
-            for kern in cache.values()
-        ]  # fmt: skip
-    except Exception as e:
-        return [{"error": f"{type(e).__name__}: {e}"[:200]}]
+    records = []
+    for kernel in (mla_attention_kernel, mla_attention_sm90_kernel, mla_decode_sm90_ws_kernel,
+                   mla_decode_sm90_fp8_kernel):  # fmt: skip
+        try:
+            cache = kernel.device_caches[torch.cuda.current_device()][0]
+            records += [
+                {"kernel": kern.src.fn.__name__, "constants": constexprs(kern),
+                 "n_regs": kern.n_regs, "n_spills": kern.n_spills,
+                 "shared_bytes": kern.metadata.shared, "num_warps": kern.metadata.num_warps,
+                 "num_stages": kern.metadata.num_stages,
+                 "wgmma": kern.asm["ptx"].count("wgmma.mma_async"),
+                 "mma_sync": kern.asm["ptx"].count("mma.sync")}
+                for kern in cache.values()
+            ]  # fmt: skip
+        except Exception as e:
+            records.append({"error": f"{type(e).__name__}: {e}"[:200]})
+    return records
 
 
 def constexprs(kern: Any) -> dict[str, str]:
