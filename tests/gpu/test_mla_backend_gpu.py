@@ -44,10 +44,12 @@ def test_triton_equals_the_reference(dtype, tolerance):
 
 
 @pytest.mark.skipif(not SM90, reason="the Hopper kernels need an sm90 GPU")
-def test_sixty_four_heads_run_the_warp_specialized_kernel_in_graphs(monkeypatch):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_sixty_four_heads_run_a_hopper_kernel_in_graphs(monkeypatch, kv_cache_dtype):
     """64 heads and a 128 + 16 latent: `triton-mla`'s preferred block size (64) gives pages the
-    warp-specialized Hopper kernel takes; decode steps replay CUDA graphs; the tokens' logits
-    equal the reference backend's within bf16 rounding."""
+    warp-specialized Hopper kernel takes (the fp8 Hopper kernel over an fp8 cache); decode
+    steps replay CUDA graphs; the tokens' logits equal the reference backend's within bf16
+    rounding."""
     wide = attrs.evolve(MLA_PRESETS["deepseek-v3-like"], name="mla-64-heads", num_heads=64,
                         kv_lora_rank=128)  # fmt: skip
     monkeypatch.setitem(MLA_PRESETS, "mla-64-heads", wide)
@@ -56,12 +58,14 @@ def test_sixty_four_heads_run_the_warp_specialized_kernel_in_graphs(monkeypatch)
     for backend in ("mla-reference", "triton-mla"):
         graphs = backend == "triton-mla"
         engine = LLMEngine("mla-64-heads", device="cuda", dtype="bfloat16", backend=backend,
-                           kv_cache_memory="256MiB", cuda_graphs=graphs)  # fmt: skip
+                           kv_cache_memory="256MiB", cuda_graphs=graphs,
+                           kv_cache_dtype=kv_cache_dtype)  # fmt: skip
         outputs[backend] = engine.generate(PROMPTS, params)
     assert engine.kv_cache_report.block_size == 64
     assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
     mla = next(b for _, b in engine.worker.model.attention_layers() if b.name == "triton-mla")
     assert mla.current_plan().launch.tiles == HOPPER_TILES
+    assert (mla.kv_scales is not None) == (kv_cache_dtype == "fp8")
     for a, b in zip(outputs["triton-mla"], outputs["mla-reference"], strict=True):
         same = next((i for i, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids,
                                                       strict=True)) if x != y), 16)  # fmt: skip
