@@ -25,11 +25,17 @@ def run(backend: str, dtype: str, **options):
     return engine, engine.generate(PROMPTS, params)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-3), ("bfloat16", 0.15)])
-def test_triton_equals_the_reference(dtype, tolerance):
-    _, want = run("mla-reference", dtype, cuda_graphs=False)
-    engine, got = run("triton-mla", dtype)
+def test_triton_equals_the_reference(dtype, tolerance, kv_cache_dtype):
+    # kv_cache_dtype="fp8": the portable kernel dequantizes the e4m3 latents in registers
+    # (float16 dots for bf16 queries); each backend calibrates its layers' scales from the same
+    # first prefill.
+    _, want = run("mla-reference", dtype, cuda_graphs=False, kv_cache_dtype=kv_cache_dtype)
+    engine, got = run("triton-mla", dtype, kv_cache_dtype=kv_cache_dtype)
     assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    for _, backend in engine.model.attention_layers():
+        assert (backend.kv_scales is not None) == (kv_cache_dtype == "fp8")
     for a, b in zip(got, want, strict=True):
         if dtype == "float32":
             assert a.output_token_ids == b.output_token_ids
@@ -71,20 +77,3 @@ def test_sixty_four_heads_run_a_hopper_kernel_in_graphs(monkeypatch, kv_cache_dt
                                                       strict=True)) if x != y), 16)  # fmt: skip
         assert (a.logits[: same + 1] - b.logits[: same + 1]).abs().max() < 0.15
 
-
-@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-3), ("bfloat16", 0.15)])
-def test_an_fp8_latent_cache_equals_the_reference_in_graphs(dtype, tolerance):
-    # kv_cache_dtype="fp8": the portable kernel dequantizes the e4m3 latents in registers
-    # (float16 dots for bf16 queries); decode steps replay CUDA graphs. Each backend calibrates
-    # its layers' scales from the same first prefill, as in the float32 CPU test.
-    _, want = run("mla-reference", dtype, cuda_graphs=False, kv_cache_dtype="fp8")
-    engine, got = run("triton-mla", dtype, kv_cache_dtype="fp8")
-    assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
-    for _, backend in engine.model.attention_layers():
-        assert backend.kv_cache_dtype == torch.float8_e4m3fn
-    for a, b in zip(got, want, strict=True):
-        if dtype == "float32":
-            assert a.output_token_ids == b.output_token_ids
-        same = next((i for i, (x, y) in enumerate(zip(a.output_token_ids, b.output_token_ids,
-                                                      strict=True)) if x != y), 16)  # fmt: skip
-        assert (a.logits[:same] - b.logits[:same]).abs().max() < tolerance

@@ -85,6 +85,59 @@ def _copy_rows(cache_ptr, rows, first: gl.constexpr, dims, buf):
 
 
 @gluon.jit
+def _copy_first(cache_ptr, table_row, keys_c, keys_pe, dims_c, dims_pe, seg_hi, stride_cb,
+                stride_cs, c_ring, pe_ring, L: gl.constexpr, PAGE: gl.constexpr,
+                TILE: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """Prologue of the ring: copies of tiles 0 .. STAGES - 2 into their stages (one commit
+    group each; the first also holds the copies issued before it), and the cache rows of tile
+    STAGES - 1, which the loop's first iteration copies."""
+    for stage in gl.static_range(0, STAGES - 1):
+        rows_c = _key_rows(table_row, keys_c + stage * TILE, seg_hi, stride_cb, stride_cs, PAGE)
+        rows_pe = _key_rows(table_row, keys_pe + stage * TILE, seg_hi, stride_cb, stride_cs,
+                            PAGE)  # fmt: skip
+        _copy_rows(cache_ptr, rows_c, 0, dims_c, c_ring.index(stage))
+        _copy_rows(cache_ptr, rows_pe, L, dims_pe, pe_ring.index(stage))
+        async_copy.commit_group()
+    ahead = (STAGES - 1) * TILE
+    return (_key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE),
+            _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE))  # fmt: skip
+
+
+@gluon.jit
+def _copy_next(cache_ptr, table_row, rows, keys_c, keys_pe, dims_c, dims_pe, ahead, seg_hi,
+               stride_cb, stride_cs, c_buf, pe_buf, L: gl.constexpr,
+               PAGE: gl.constexpr):  # fmt: skip
+    """One step of the ring: copy the tile whose cache `rows` (latent, rope) were loaded an
+    iteration ago into `c_buf` / `pe_buf`, commit, and load the rows of the tile `ahead` keys
+    past the segment's start (used next iteration)."""
+    _copy_rows(cache_ptr, rows[0], 0, dims_c, c_buf)
+    _copy_rows(cache_ptr, rows[1], L, dims_pe, pe_buf)
+    async_copy.commit_group()
+    return (_key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE),
+            _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE))  # fmt: skip
+
+
+@gluon.jit
+def _finish(out_ptr, part_acc_ptr, part_lse_ptr, acc, out_scale, l_acc, m_i, qk_scale, t,
+            segment, head0, heads_c, dims_c, num_heads, stride_ot, stride_oh, L: gl.constexpr,
+            SPLIT: gl.constexpr, c_layout: gl.constexpr, s_layout: gl.constexpr,
+            o_layout: gl.constexpr):  # fmt: skip
+    """The output (`acc` times `out_scale` over the row sums) or, with SPLIT, the segment's
+    partial output and log2-sum-exp (scores times `qk_scale` in log2 units)."""
+    l_i = gl.sum(l_acc, axis=1)
+    seen = l_i > 0.0
+    norm = gl.where(seen, l_i, 1.0)
+    norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
+    _store_chunk(out_ptr, part_acc_ptr, acc * (out_scale / norm_o), t, segment, heads_c, dims_c,
+                 num_heads, stride_ot, stride_oh, L, SPLIT, c_layout)  # fmt: skip
+    if SPLIT:
+        lse2 = gl.where(seen, m_i * qk_scale + gl.log2(norm), float("-inf"))
+        s_heads = head0 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        part = (t * num_heads + s_heads) * gl.num_programs(1) + segment
+        gl.store(part_lse_ptr + part, lse2, mask=s_heads < num_heads)
+
+
+@gluon.jit
 def mla_attention_sm90_kernel(
     out_ptr,  # [T, H, L]
     q_ptr,  # [T, H, L + R]
@@ -152,13 +205,7 @@ def mla_attention_sm90_kernel(
     dims_pe = gl.arange(0, R, layout=gl.SliceLayout(0, pe_layout))
     keys_c = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, c_layout))
     keys_pe = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe_layout))
-    # Prologue: the block-table entries of tiles 0 and STAGES - 1 first, then the query and
-    # tiles 0 .. STAGES - 2.
-    first_c = _key_rows(table_row, keys_c, seg_hi, stride_cb, stride_cs, PAGE)
-    first_pe = _key_rows(table_row, keys_pe, seg_hi, stride_cb, stride_cs, PAGE)
-    ahead = (STAGES - 1) * TILE
-    rows_c = _key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE)
-    rows_pe = _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+    # Prologue: the query, then tiles 0 .. STAGES - 2 (the query lands with tile 0).
     heads_c = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, c_layout))
     heads_pe = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, pe_layout))
     q_rows = (gl.expand_dims(heads_c * stride_qh, 1), gl.expand_dims(heads_c < num_heads, 1))
@@ -171,16 +218,8 @@ def mla_attention_sm90_kernel(
         qpe_smem, q_ptr + L + pe_rows[0] + gl.expand_dims(dims_pe, 0),
         mask=pe_rows[1] & gl.expand_dims(dims_pe >= 0, 0),
     )  # fmt: skip
-    _copy_rows(cache_ptr, first_c, 0, dims_c, c_smem.index(0))
-    _copy_rows(cache_ptr, first_pe, L, dims_pe, pe_smem.index(0))
-    async_copy.commit_group()
-    for stage in gl.static_range(1, STAGES - 1):
-        more_c = _key_rows(table_row, keys_c + stage * TILE, seg_hi, stride_cb, stride_cs, PAGE)
-        more_pe = _key_rows(table_row, keys_pe + stage * TILE, seg_hi, stride_cb, stride_cs,
-                            PAGE)  # fmt: skip
-        _copy_rows(cache_ptr, more_c, 0, dims_c, c_smem.index(stage))
-        _copy_rows(cache_ptr, more_pe, L, dims_pe, pe_smem.index(stage))
-        async_copy.commit_group()
+    rows = _copy_first(cache_ptr, table_row, keys_c, keys_pe, dims_c, dims_pe, seg_hi, stride_cb,
+                       stride_cs, c_smem, pe_smem, L, PAGE, TILE, STAGES)  # fmt: skip
 
     m_i = gl.full([BH], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l_acc = gl.zeros([BH, TILE], gl.float32, layout=s_layout)
@@ -192,12 +231,9 @@ def mla_attention_sm90_kernel(
         # Issue tile i + STAGES - 1 (its table entries were loaded last iteration), then load
         # the entries of the tile after it, to be used next iteration.
         slot = (i + STAGES - 1) % STAGES
-        _copy_rows(cache_ptr, rows_c, 0, dims_c, c_smem.index(slot))
-        _copy_rows(cache_ptr, rows_pe, L, dims_pe, pe_smem.index(slot))
-        async_copy.commit_group()
-        ahead += TILE
-        rows_c = _key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE)
-        rows_pe = _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+        rows = _copy_next(cache_ptr, table_row, rows, keys_c, keys_pe, dims_c, dims_pe,
+                          (i + STAGES) * TILE, seg_hi, stride_cb, stride_cs, c_smem.index(slot),
+                          pe_smem.index(slot), L, PAGE)  # fmt: skip
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         fence_async_shared()  # visible to the wgmma's async proxy
         gl.thread_barrier()  # ... and every other thread's
@@ -217,15 +253,6 @@ def mla_attention_sm90_kernel(
         # No barrier here: the compiler places one before the next iteration's copy into the
         # ring, which also keeps the next p from overwriting this one early.
     async_copy.wait_group(0)
-
-    l_i = gl.sum(l_acc, axis=1)
-    seen = l_i > 0.0
-    norm = gl.where(seen, l_i, 1.0)
-    norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
-    _store_chunk(out_ptr, part_acc_ptr, acc / norm_o, t, segment, heads_c, dims_c, num_heads,
-                 stride_ot, stride_oh, L, SPLIT, c_layout)  # fmt: skip
-    if SPLIT:
-        lse2 = gl.where(seen, m_i * qk_scale + gl.log2(norm), float("-inf"))
-        s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
-        part = (t * num_heads + s_heads) * gl.num_programs(1) + segment
-        gl.store(part_lse_ptr + part, lse2, mask=s_heads < num_heads)
+    _finish(out_ptr, part_acc_ptr, part_lse_ptr, acc, 1.0, l_acc, m_i, qk_scale, t, segment,
+            head0, heads_c, dims_c, num_heads, stride_ot, stride_oh, L, SPLIT, c_layout,
+            s_layout, o_layout)  # fmt: skip

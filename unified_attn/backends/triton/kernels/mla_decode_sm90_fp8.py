@@ -29,10 +29,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from unified_attn.backends.triton.kernels.gathered_attention_sm90 import _softmax, _store_chunk
+from unified_attn.backends.triton.kernels.gathered_attention_sm90 import _softmax
 from unified_attn.backends.triton.kernels.mla_attention_sm90 import (
-    _copy_rows,
-    _key_rows,
+    _copy_first,
+    _copy_next,
+    _finish,
     segment_of,
 )
 
@@ -149,23 +150,10 @@ def mla_decode_sm90_fp8_kernel(
     dims_pe = gl.arange(0, R, layout=gl.SliceLayout(0, pe8_layout))
     keys_c = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, c8_layout))
     keys_pe = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
-    # Prologue: the block-table entries of tiles 0 and STAGES - 1, the copies of tiles
-    # 0 .. STAGES - 2, then the query (through registers: it is rescaled and converted).
-    first_c = _key_rows(table_row, keys_c, seg_hi, stride_cb, stride_cs, PAGE)
-    first_pe = _key_rows(table_row, keys_pe, seg_hi, stride_cb, stride_cs, PAGE)
-    ahead = (STAGES - 1) * TILE
-    rows_c = _key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE)
-    rows_pe = _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE)
-    _copy_rows(cache_ptr, first_c, 0, dims_c, c8_smem.index(0))
-    _copy_rows(cache_ptr, first_pe, L, dims_pe, pe8_smem.index(0))
-    async_copy.commit_group()
-    for stage in gl.static_range(1, STAGES - 1):
-        more_c = _key_rows(table_row, keys_c + stage * TILE, seg_hi, stride_cb, stride_cs, PAGE)
-        more_pe = _key_rows(table_row, keys_pe + stage * TILE, seg_hi, stride_cb, stride_cs,
-                            PAGE)  # fmt: skip
-        _copy_rows(cache_ptr, more_c, 0, dims_c, c8_smem.index(stage))
-        _copy_rows(cache_ptr, more_pe, L, dims_pe, pe8_smem.index(stage))
-        async_copy.commit_group()
+    # Prologue: tiles 0 .. STAGES - 2, then the query (through registers: it is rescaled and
+    # converted).
+    rows = _copy_first(cache_ptr, table_row, keys_c, keys_pe, dims_c, dims_pe, seg_hi, stride_cb,
+                       stride_cs, c8_smem, pe8_smem, L, PAGE, TILE, STAGES)  # fmt: skip
     heads_o = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, c_layout))
     dims_o = gl.arange(0, L, layout=gl.SliceLayout(0, c_layout))
     heads_pe = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, pe_layout))
@@ -183,12 +171,9 @@ def mla_decode_sm90_fp8_kernel(
     qk_scale = scale * LOG2E * kv_scale
     for i in range(num_tiles):
         slot = (i + STAGES - 1) % STAGES
-        _copy_rows(cache_ptr, rows_c, 0, dims_c, c8_smem.index(slot))
-        _copy_rows(cache_ptr, rows_pe, L, dims_pe, pe8_smem.index(slot))
-        async_copy.commit_group()
-        ahead += TILE
-        rows_c = _key_rows(table_row, keys_c + ahead, seg_hi, stride_cb, stride_cs, PAGE)
-        rows_pe = _key_rows(table_row, keys_pe + ahead, seg_hi, stride_cb, stride_cs, PAGE)
+        rows = _copy_next(cache_ptr, table_row, rows, keys_c, keys_pe, dims_c, dims_pe,
+                          (i + STAGES) * TILE, seg_hi, stride_cb, stride_cs, c8_smem.index(slot),
+                          pe8_smem.index(slot), L, PAGE)  # fmt: skip
         async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
         gl.thread_barrier()  # ... and every thread's; the last tile's products are done
         _dequantize(c8_smem.index(i % STAGES), c_smem, TILE, c8_layout)
@@ -207,15 +192,6 @@ def mla_decode_sm90_fp8_kernel(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cols += TILE
     async_copy.wait_group(0)
-
-    l_i = gl.sum(l_acc, axis=1)
-    seen = l_i > 0.0
-    norm = gl.where(seen, l_i, 1.0)
-    norm_o = gl.expand_dims(gl.convert_layout(norm, gl.SliceLayout(1, o_layout)), 1)
-    _store_chunk(out_ptr, part_acc_ptr, acc * (kv_scale / norm_o), t, segment, heads_o, dims_o,
-                 num_heads, stride_ot, stride_oh, L, SPLIT, c_layout)  # fmt: skip
-    if SPLIT:
-        lse2 = gl.where(seen, m_i * qk_scale + gl.log2(norm), float("-inf"))
-        s_heads = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, s_layout))
-        part = (t * num_heads + s_heads) * gl.num_programs(1) + segment
-        gl.store(part_lse_ptr + part, lse2, mask=s_heads < num_heads)
+    _finish(out_ptr, part_acc_ptr, part_lse_ptr, acc, kv_scale, l_acc, m_i, qk_scale, t, segment,
+            head0, heads_o, dims_o, num_heads, stride_ot, stride_oh, L, SPLIT, c_layout,
+            s_layout, o_layout)  # fmt: skip
