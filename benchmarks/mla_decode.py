@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--tiles",
         action="append",
         type=int_list,
-        metavar="BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]]",
+        metavar="BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,KERNEL]]",
         help="tile config(s) to time instead of the default (repeatable)",
     )
     ap.add_argument(
@@ -78,10 +78,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if getattr(args, key):
             params[key] = getattr(args, key)
     for tiles in args.tiles or []:
-        if len(tiles) not in (5, 6, 7) or tiles[6:] not in ([], [0], [1], [2]):
+        if len(tiles) not in (5, 6, 7) or tiles[6:] not in ([], [0], [1], [2], [3]):
             ap.error(
-                "--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]] (HOPPER 0: "
-                f"portable, 1: Hopper lockstep, 2: Hopper warp-specialized), got {tiles}"
+                "--tiles takes BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,KERNEL]] (KERNEL 0: "
+                "portable, 1: Hopper lockstep, 2: Hopper warp-specialized, 3: portable with "
+                f"swapped products), got {tiles}"
             )
     params["l2_resident"] = args.l2_resident
     params["fp8"] = args.fp8

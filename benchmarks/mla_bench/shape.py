@@ -116,6 +116,7 @@ def plan_record(plan: Any) -> dict[str, Any]:
         "tiles": [t.block_h, t.block_q, t.block_n, t.num_warps, t.num_stages, t.programs_per_sm],
         "hopper": t.hopper,
         "warp_specialized": t.warp_specialized,
+        "swap_ab": t.swap_ab,
         "num_segments": plan.split.num_segments if plan.split else 1,
         "segment": plan.split.segment if plan.split else None,
     }
@@ -142,12 +143,14 @@ def add_rates(
 
 
 def tiles_of(values: list[int]) -> Any:
-    """`MLATiles` from a `--tiles` list: BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,HOPPER]] with
-    HOPPER 0 portable, 1 Hopper lockstep, 2 Hopper warp-specialized; ValueError if invalid."""
+    """`MLATiles` from a `--tiles` list: BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,KERNEL]] with
+    KERNEL 0 portable, 1 Hopper lockstep, 2 Hopper warp-specialized, 3 portable with swapped
+    products (`swap_ab`); ValueError if invalid."""
     from unified_attn.backends.triton.mla_ops import MLATiles
 
     kernel = values[6:]
-    return MLATiles(*values[:6], hopper=kernel in ([1], [2]), warp_specialized=kernel == [2])
+    return MLATiles(*values[:6], hopper=kernel in ([1], [2]), warp_specialized=kernel == [2],
+                    swap_ab=kernel == [3])  # fmt: skip
 
 
 def bench_shape(

@@ -193,6 +193,26 @@ def test_heads_not_a_multiple_of_block_h(tiles):
     check(b, tiles=tiles, num_segments=2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8", [False, True], ids=["16-bit", "fp8"])
+def test_swapped_products(dtype, fp8):
+    # swap_ab: scores^T = c q^T and out^T += c^T p^T, for decode and a causal multi-token
+    # program (2 queries x 16 heads), split and not; the default for fp8 16-row tiles.
+    b = make_batch([40, 3, 0, 17], [1, 1, 4, 3], heads=20, page=16, dtype=dtype, seed=6)
+    oracle_batch = b
+    kwargs = {}
+    if fp8:
+        b, oracle_batch, kwargs["kv_scale"] = fp8_cache(b, 0.004)
+    for tiles in (MLATiles(16, 1, 32, 4, 2, swap_ab=True), MLATiles(16, 2, 16, 4, 1, swap_ab=True)):
+        for segments in (1, 2):
+            check(b, oracle_batch, tiles=tiles, num_segments=segments, **kwargs)
+    if dtype != torch.float32:
+        swapped = plan(num_heads=16, dtype=dtype, fp8_cache=fp8).tiles
+        assert swapped.swap_ab == fp8 and swapped.block_n == (32 if fp8 else 64)
+    with pytest.raises(ValueError, match="swap_ab is a portable-kernel option"):
+        MLATiles(64, 1, 64, 8, 2, hopper=True, swap_ab=True)
+
+
 @pytest.mark.parametrize(
     "page,tiles",
     [

@@ -30,7 +30,7 @@ def test_bad_tiles_are_rejected(bench, capsys):
 
 
 @pytest.mark.parametrize(("tiles", "message"), [
-    ("64,1,64,8,2,1,3", "HOPPER 0: portable"),
+    ("64,1,64,8,2,1,4", "KERNEL 0: portable"),
     ("32,1,64,8,2,1,2", "the Hopper kernel takes block_h 64"),
 ])  # fmt: skip
 def test_bad_kernel_choice_is_one_line_with_code_2(bench, capsys, tiles, message):

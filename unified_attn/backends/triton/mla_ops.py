@@ -55,6 +55,10 @@ class MLATiles:
     # the warp-specialized one wherever the cache allows it (pages of a multiple of 64 keys).
     hopper: bool = False
     warp_specialized: bool = False
+    # Portable kernel: products with the keys as the MMA rows (scores^T = c q^T, out^T = c^T
+    # p^T), so 16 heads fill the N side instead of padding the M side: used for 16-row tiles
+    # over an fp8 cache, whose dequantized tile otherwise spills.
+    swap_ab: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.block_h * self.block_q < 16:
@@ -64,6 +68,8 @@ class MLATiles:
             )
         if self.warp_specialized and not self.hopper:
             raise ValueError(f"MLATiles: warp_specialized needs hopper=True, got {self}")
+        if self.swap_ab and self.hopper:
+            raise ValueError(f"MLATiles: swap_ab is a portable-kernel option, got {self}")
         shape = (self.block_h, self.block_q, self.num_warps, self.programs_per_sm)
         if self.hopper and (
             shape != (64, 1, 8, 1) or self.block_n not in (32, 64) or self.num_stages < 2
@@ -90,7 +96,7 @@ def mla_tiles(
     """Default tiles. Decode: one token x up to 64 heads (a Hopper warpgroup MMA is 64 rows);
     with fewer heads, queries of the same request fill the 64 rows. float32 tiles are small:
     its tiles are twice the bytes and its dots run on CUDA cores (tests only). An fp8 cache's
-    16-row tiles take 32 keys (the dequantized tile lives in registers)."""
+    16-row tiles take 32 keys and swapped products (the dequantized tile lives in registers)."""
     heads = max(16, triton.next_power_of_2(num_heads))
     if dtype == torch.float32:
         block_h = min(heads, 16)
@@ -107,10 +113,12 @@ def mla_tiles(
         return MLATiles(block_h, block_q, 64, 8, 2, programs_per_sm=1)
     # 16 rows (H 16 at TP 8: 2.67 TB/s on an H100 at B 64, 8k, 89% of its copy bandwidth) use
     # 92 KiB of shared memory, so two programs share an SM; 32 rows use 180 KiB. Over an fp8
-    # cache (H 16, B 64, 8k on an H100) 32 keys a tile took 270 us, 64 keys 344 us.
+    # cache (H 16, B 64, 8k on an H100) 64 keys a tile took 344 us, 32 keys 270 us, 32 keys
+    # with swapped products 226 us (64 keys swapped: 280 us).
     rows16 = block_h * block_q == 16
-    block_n = 32 if fp8_cache and rows16 else 64
-    return MLATiles(block_h, block_q, block_n, 4, 2, programs_per_sm=2 if rows16 else 1)
+    swap = fp8_cache and rows16
+    return MLATiles(block_h, block_q, 32 if swap else 64, 4, 2,
+                    programs_per_sm=2 if rows16 else 1, swap_ab=swap)  # fmt: skip
 
 
 HOPPER_TILES = MLATiles(64, 1, 64, 8, 2, hopper=True, warp_specialized=True)
@@ -398,6 +406,7 @@ def mla_attention(
         UNIFORM_QUERY_LEN=plan.uniform_query_len, TILE_IN_PAGE=page % tiles.block_n == 0,
         SPLIT=split is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=kv_scale is not None,
+        SWAP_AB=tiles.swap_ab,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if split is not None:

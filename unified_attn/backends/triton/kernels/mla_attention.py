@@ -37,6 +37,11 @@ which is float16 for bf16 queries (one conversion instruction per two values ins
 each query row is first divided by a power of two that brings it under 2^14, and that factor
 multiplies its scores). The cache's scale is folded into the softmax scale and into the
 accumulator before it is normalised: one scalar load per program.
+
+SWAP_AB computes the products with the keys as the MMA rows: scores^T = c q^T and out^T +=
+c^T p^T, the accumulator kept as `[L, BLOCK_M]`. With 16 query rows the heads then fill the
+narrow N side of an MMA instead of a padded M side; the fp8 path's 16-row tiles use it (the
+dequantized key tile spilled registers in the usual orientation).
 """
 
 import triton
@@ -59,9 +64,10 @@ def _find_request(query_start_loc_ptr, num_reqs, q_block, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
-def _online_softmax_step(s, m_i, l_i, acc):
+def _online_softmax_step(s, m_i, l_i):
     """Fold the base-2 scores `s [BLOCK_M, BLOCK_N]` (masked keys at -inf) into the running max
-    and sum; returns the probabilities and the rescaled state. A row that has seen no key yet
+    and sum; returns the probabilities, the factor `alpha [BLOCK_M]` that rescales what was
+    accumulated, and the new state. A row that has seen no key yet
     keeps max -inf: its shift is 0, so nothing becomes NaN.
 
     The rescale runs on every tile: skipping it while no row's max grows much (FlashAttention-4's
@@ -72,8 +78,7 @@ def _online_softmax_step(s, m_i, l_i, acc):
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None]
-    return p, m_new, l_i, acc
+    return p, alpha, m_new, l_i
 
 
 @triton.jit
@@ -124,6 +129,7 @@ def mla_attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for exact float32 dots, else "tf32"
     FP8: tl.constexpr = False,  # the cache holds float8 e4m3 latents scaled by kv_scale
+    SWAP_AB: tl.constexpr = False,  # products with the keys as MMA rows (module docstring)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * BLOCK_H
     head_block = tl.program_id(0)
@@ -179,7 +185,10 @@ def mla_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, KV_LORA_RANK], dtype=tl.float32)
+    if SWAP_AB:  # the accumulator transposed: [L, BLOCK_M]
+        acc = tl.zeros([KV_LORA_RANK, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, KV_LORA_RANK], dtype=tl.float32)
     for t in range(0, num_tiles):
         start = seg_lo + t * BLOCK_N
         keys = start + offs_n
@@ -199,16 +208,26 @@ def mla_attention_kernel(
         if FP8:  # exact: every e4m3 value is a value of the dot dtype
             c, k_pe = c.to(q_nope.dtype), k_pe.to(q_nope.dtype)
 
-        s = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION)
-        s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
+        if SWAP_AB:
+            s = tl.dot(c, tl.trans(q_nope), input_precision=DOT_PRECISION)
+            s = tl.trans(tl.dot(k_pe, tl.trans(q_pe), acc=s, input_precision=DOT_PRECISION))
+        else:
+            s = tl.dot(q_nope, tl.trans(c), input_precision=DOT_PRECISION)
+            s = tl.dot(q_pe, tl.trans(k_pe), acc=s, input_precision=DOT_PRECISION)
         visible = key_valid[None, :]
         if BLOCK_Q > 1:  # decode rows see every key of the segment already
             visible = visible & (keys[None, :] <= q_pos[:, None])
         s = s * row_factor[:, None] if FP8 else s * scale_log2
         s = tl.where(visible, s, float("-inf"))
-        p, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc)
-        acc = tl.dot(p.to(c.dtype), c, acc=acc, input_precision=DOT_PRECISION)
+        p, alpha, m_i, l_i = _online_softmax_step(s, m_i, l_i)
+        if SWAP_AB:
+            acc = tl.dot(tl.trans(c), tl.trans(p.to(c.dtype)), acc=acc * alpha[None, :],
+                         input_precision=DOT_PRECISION)  # fmt: skip
+        else:
+            acc = tl.dot(p.to(c.dtype), c, acc=acc * alpha[:, None], input_precision=DOT_PRECISION)
 
+    if SWAP_AB:
+        acc = tl.trans(acc)
     if FP8:  # the values' scale
         acc = acc * tl.load(kv_scale_ptr)
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
