@@ -148,3 +148,38 @@ def test_plan_for_a_deepseek_v4_rank_keeps_one_devices_caches(capsys):
     assert two == one
     assert main(["plan", "--model", "deepseek-v4-like", "--tensor-parallel-size", "4"]) == 2
     assert "does not divide o_groups=2" in capsys.readouterr().err
+
+
+def test_deepseek_v3_plans_one_latent_group_against_per_head_keys_and_values():
+    from unified_attn.harness.plan import REAL_MLA_SHAPES
+
+    report = compare(REAL_MLA_SHAPES["deepseek-v3"], 40 * GIB, 32768)
+    (group,) = report["hybrid"]["groups"]
+    assert (group["manager"], group["layers"], group["block_size"]) == (
+        "FullAttentionManager", 61, 16)  # fmt: skip
+    assert group["page_bytes"] == 61 * 16 * (512 + 64) * 2  # one latent per token, bf16
+    full = report["full"]
+    assert full["bytes_per_block"] == 61 * 16 * 2 * 128 * 192 * 2  # K and V per head
+    assert report["theoretical_ratio"] == 2 * 128 * 192 / 576
+    assert 0.99 < report["fraction_of_theoretical_gain"] < 1.01
+    fp8 = compare(REAL_MLA_SHAPES["deepseek-v3"], 40 * GIB, 32768, kv_cache_dtype="fp8")
+    assert fp8["hybrid"]["bytes_per_block"] * 2 == report["hybrid"]["bytes_per_block"]
+
+
+def test_plan_for_a_deepseek_v3_rank_keeps_the_whole_latent(capsys):
+    """MLA's latent is replicated on every rank (heads split): a rank's latent plan is one
+    device's, while the per-head comparison shrinks with the local heads."""
+    import json
+
+    from unified_attn.cli import main
+
+    reports = []
+    for size in ("1", "2"):
+        argv = ["plan", "--model", "deepseek-v3-like", "--tensor-parallel-size", size, "--json"]
+        assert main(argv) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    one, two = reports
+    assert two["hybrid"] == one["hybrid"]
+    assert two["full"]["bytes_per_block"] * 2 == one["full"]["bytes_per_block"]
+    assert main(["plan", "--model", "deepseek-v3-like", "--tensor-parallel-size", "3"]) == 2
+    assert "does not divide num_heads=4" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 capacity under a memory budget, and the same model with full attention on every layer for
 comparison.
 
-Holds the attention shapes of real models (`REAL_SHAPES`, `REAL_V4_SHAPES`), `Capacity`,
+Holds the attention shapes of real models (`REAL_SHAPES`, `REAL_MLA_SHAPES`, `REAL_V4_SHAPES`),
+`Capacity`,
 `attention_layers`, `capacity`, `full_capacity`, `compare` (the hybrid plan next to full
 allocation, with the achieved and theoretical ratios), the ideal-allocation helpers
 (`theoretical_ratio`, `v4_theoretical_ratio`, `ideal_tokens`, `fraction_of_gain`) and
@@ -12,6 +13,12 @@ the `unified-attn plan` command is `plan_command.py`.
 DeepSeek-V4 models (a preset, `deepseek-v4-flash` or a checkpoint) plan their cache users from
 the model built on the meta device; their comparison keeps one `head_dim` latent per token and
 layer for the whole request (what a cache without windows or compression holds).
+
+DeepSeek-V2/V3 models (MLA: a preset, `deepseek-v3`, `deepseek-v2-lite` or a checkpoint) plan
+their latent cache (`kv_lora_rank + qk_rope_head_dim` values per token and layer) from the model
+built on the meta device; their comparison is attention without the latent: per-head keys and
+values of `qk_head_dim` each (values padded to the key size, as FlashAttention-style paged
+kernels need one head size and as vLLM served DeepSeek-V2 before its MLA backends).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from unified_attn.models import (
     LayerKind,
     ModelConfig,
 )
+from unified_attn.models.deepseek import DeepseekForCausalLM
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.runner.worker import KVCachePlan, plan_kv_cache
 from unified_attn.tensor_specs import StateSpec
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
@@ -92,7 +101,27 @@ REAL_V4_SHAPES: dict[str, DeepseekV4Config] = {
         max_position_embeddings=1048576,
     ),
 }  # fmt: skip
-PlanConfig = ModelConfig | DeepseekV4Config
+# DeepSeek-V2/V3's attention shapes (config.json of deepseek-ai/DeepSeek-V3 and
+# deepseek-ai/DeepSeek-V2-Lite; the expert and vocabulary sizes do not affect the KV cache).
+REAL_MLA_SHAPES: dict[str, DeepseekConfig] = {
+    "deepseek-v3": DeepseekConfig(
+        name="deepseek-v3", version="v3", vocab_size=129280, hidden_size=7168,
+        intermediate_size=18432, moe_intermediate_size=2048, num_layers=61, num_heads=128,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
+        n_group=8, topk_group=4, routed_scaling_factor=2.5, first_k_dense_replace=3,
+        max_position_embeddings=163840,
+    ),
+    "deepseek-v2-lite": DeepseekConfig(
+        name="deepseek-v2-lite", version="v2", vocab_size=102400, hidden_size=2048,
+        intermediate_size=10944, moe_intermediate_size=1408, num_layers=27, num_heads=16,
+        q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+        routing="greedy", norm_topk_prob=False, first_k_dense_replace=1,
+        max_position_embeddings=163840,
+    ),
+}  # fmt: skip
+PlanConfig = ModelConfig | DeepseekConfig | DeepseekV4Config
 
 
 @attrs.frozen
@@ -156,6 +185,11 @@ def attention_layers(config: PlanConfig, dtype: torch.dtype, kv_cache_dtype: str
             config, DeepseekV4WindowBackend, dtype=dtype, device="meta", backend_options=options
         )
         return list(v4.attention_layers())
+    if isinstance(config, DeepseekConfig):
+        mla = DeepseekForCausalLM(
+            config, MLAReferenceBackend, dtype=dtype, device="meta", backend_options=options
+        )
+        return list(mla.attention_layers())
     model = DecoderModel(
         config, ReferenceAttentionBackend, dtype=dtype, device="meta", backend_options=options
     )
@@ -175,6 +209,23 @@ def full_latent_layers(config: DeepseekV4Config, dtype: torch.dtype) -> list:
         (LayerConfig(f"model.layers.{i}.self_attn", heads, 1, dim, scale), backend)
         for i in range(config.num_layers)
     ]
+
+
+def full_mha_layers(config: DeepseekConfig, dtype: torch.dtype, kv_cache_dtype: str) -> list:
+    """DeepSeek-V2/V3 without the latent: per-head keys and values of `qk_head_dim` each (values
+    padded to the key size) in every layer, `kv_cache_dtype` as the engine takes it."""
+    options = {}
+    if kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = kv_cache_dtype_name(kv_cache_dtype)
+    backend = ReferenceAttentionBackend(
+        num_kv_heads=config.num_heads, head_size=config.qk_head_dim, dtype=dtype, **options
+    )
+    heads, head = config.num_heads, config.qk_head_dim
+    return [
+        (LayerConfig(f"model.layers.{i}.self_attn", heads, heads, head, config.softmax_scale),
+         backend)
+        for i in range(config.num_layers)
+    ]  # fmt: skip
 
 
 def capacity(
@@ -246,6 +297,10 @@ def full_capacity(config: PlanConfig, memory: int, max_model_len: int, **kwargs:
         layers = full_latent_layers(config, kwargs.get("dtype", torch.bfloat16))
         options = {k: v for k, v in kwargs.items() if k != "kv_cache_dtype"}
         return capacity(config, memory, max_model_len, layers=layers, **options)
+    if isinstance(config, DeepseekConfig):
+        layers = full_mha_layers(config, kwargs.get("dtype", torch.bfloat16),
+                                 kwargs.get("kv_cache_dtype", "auto"))  # fmt: skip
+        return capacity(config, memory, max_model_len, layers=layers, **kwargs)
     return capacity(all_full(config), memory, max_model_len, **kwargs)
 
 
@@ -267,6 +322,11 @@ def v4_theoretical_ratio(config: DeepseekV4Config, max_model_len: int, in_flight
         length / hca * dim + tokens(hca) * 2 * dim
     )
     return config.num_layers * length * dim / ideal
+
+
+def mla_theoretical_ratio(config: DeepseekConfig) -> float:
+    """Per-head keys and values (`full_mha_layers`) over one latent, per token and layer."""
+    return 2 * config.num_heads * config.qk_head_dim / config.latent_size
 
 
 def fraction_of_gain(achieved: float, ideal: float) -> float | None:
@@ -293,6 +353,8 @@ def compare(
     if isinstance(config, DeepseekV4Config):
         in_flight = min(max_in_flight_tokens, max_model_len)
         ideal = v4_theoretical_ratio(config, max_model_len, in_flight)
+    elif isinstance(config, DeepseekConfig):
+        ideal = mla_theoretical_ratio(config)
     else:
         state_tokens = state_size_in_tokens(hybrid.plan, full.plan)
         ideal = theoretical_ratio(config, max_model_len, max_in_flight_tokens, state_tokens)
@@ -310,19 +372,22 @@ def compare(
 
 
 def resolve_model_config(name: str) -> PlanConfig:
-    """A preset, a real-model shape (REAL_SHAPES, REAL_V4_SHAPES) or a Hugging Face checkpoint
-    directory."""
+    """A preset, a real-model shape (REAL_SHAPES, REAL_MLA_SHAPES, REAL_V4_SHAPES) or a Hugging
+    Face checkpoint directory."""
     from pathlib import Path
 
-    from unified_attn.models import PRESETS, V4_PRESETS, get_preset
+    from unified_attn.models import MLA_PRESETS, PRESETS, V4_PRESETS, get_preset
+    from unified_attn.models.deepseek_hf import deepseek_config_from_hf
     from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf
     from unified_attn.models.hf import config_from_hf, read_hf_config
-    from unified_attn.models.hf_config import encoder_family, is_deepseek_v4
+    from unified_attn.models.hf_config import encoder_family, is_deepseek_v4, mla_version
 
     if name in PRESETS:
         return get_preset(name)
     if name in REAL_SHAPES:
         return REAL_SHAPES[name]
+    if name in MLA_PRESETS or name in REAL_MLA_SHAPES:
+        return {**MLA_PRESETS, **REAL_MLA_SHAPES}[name]
     if name in V4_PRESETS or name in REAL_V4_SHAPES:
         return {**V4_PRESETS, **REAL_V4_SHAPES}[name]
     path = Path(name).expanduser()
@@ -330,6 +395,8 @@ def resolve_model_config(name: str) -> PlanConfig:
         hf = read_hf_config(path)
         if is_deepseek_v4(hf):
             return deepseek_v4_config_from_hf(hf, name=path.name)
+        if mla_version(hf) is not None:
+            return deepseek_config_from_hf(hf, name=path.name)
         family = encoder_family(hf)
         if family is not None:
             raise ValueError(
@@ -339,8 +406,9 @@ def resolve_model_config(name: str) -> PlanConfig:
                 "KV cache"
             )
         return config_from_hf(hf, name=path.name)
+    presets = ", ".join(sorted([*PRESETS, *MLA_PRESETS, *V4_PRESETS]))
+    shapes = ", ".join(sorted([*REAL_SHAPES, *REAL_MLA_SHAPES, *REAL_V4_SHAPES]))
     raise ValueError(
-        f"model {name!r} is not a preset ({', '.join(sorted([*PRESETS, *V4_PRESETS]))}), a "
-        f"real-model shape ({', '.join(sorted([*REAL_SHAPES, *REAL_V4_SHAPES]))}) or a "
+        f"model {name!r} is not a preset ({presets}), a real-model shape ({shapes}) or a "
         "checkpoint directory; see `unified-attn models`"
     )

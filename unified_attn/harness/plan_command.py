@@ -27,6 +27,7 @@ from unified_attn.harness.plan import (
     resolve_model_config,
 )
 from unified_attn.models import DeepseekV4Config
+from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.tensor_parallel import shard_config, shard_plan
 from unified_attn.models.tensor_parallel_deepseek import shard_deepseek_config
 from unified_attn.runner.memory import format_memory
@@ -105,8 +106,12 @@ def main(args: Any) -> int:
     config = resolve_model_config(args.model)
     if args.tensor_parallel_size > 1:  # every rank holds the same shard: plan rank 0's
         n = args.tensor_parallel_size
-        if isinstance(config, DeepseekV4Config):  # the latent caches are replicated: the same
-            config = shard_deepseek_config(config, n)  # groups as one device, local heads
+        # DeepSeek's latent caches are replicated: one device's groups, local heads (two
+        # branches: shard_deepseek_config's type variable takes one config type at a time)
+        if isinstance(config, DeepseekConfig):  # noqa: SIM114
+            config = shard_deepseek_config(config, n)
+        elif isinstance(config, DeepseekV4Config):
+            config = shard_deepseek_config(config, n)
         else:
             config = shard_config(config, shard_plan(config, 0, n))
     max_model_len = resolve_max_model_len(args.max_model_len, config)
