@@ -145,10 +145,10 @@ def test_speculative_verification(query_len):
 def test_shared_memory_refusal():
     assert hopper_reasons(torch.device("cuda"), torch.bfloat16, 512, 64, HOPPER_TILES,
                           fp8_cache=True) == []  # fmt: skip
-    three = MLATiles(64, 1, 64, 8, 3, hopper=True)  # 3 fp8 stages of 64 keys: 260 KiB
-    assert "shared memory" in " ".join(
-        hopper_reasons(torch.device("cuda"), torch.bfloat16, 512, 64, three, fp8_cache=True)
-    )
+    # R = 128: the query and two float16 tiles of 64 x 640 features take 248 KiB
+    reasons = hopper_reasons(torch.device("cuda"), torch.bfloat16, 512, 128, HOPPER_TILES,
+                             fp8_cache=True)  # fmt: skip
+    assert "shared memory" in " ".join(reasons)
 
 
 def test_cuda_graph_replay_is_identical():

@@ -7,7 +7,7 @@ with 16-bit queries:
   multiple of 64 keys (a tile is one page's rows, one TMA copy) and its shared memory fits;
 - the lockstep kernel (`kernels/mla_attention_sm90.py`) otherwise (any page size);
 - the fp8 kernel (`kernels/mla_decode_sm90_fp8.py`) for an fp8 (e4m3) latent cache, which it
-  dequantizes in shared memory (any page size).
+  dequantizes into shared memory while the tensor cores work (any page size).
 `plan_mla` (mla_ops.py) picks them; `launch_hopper` chooses between the two from the cache's
 layout at launch (host values only: no device read, CUDA-graph safe).
 """
@@ -72,12 +72,12 @@ def hopper_reasons(
 
 def shared_bytes(kv_lora_rank: int, rope_dim: int, tiles: MLATiles, fp8_cache: bool) -> int:
     """Shared memory of one lockstep program (`MLATiles.shared_bytes`) or, with `fp8_cache`,
-    of one fp8 program: the float16 query, the ring of fp8 tiles, one dequantized tile and the
-    probabilities."""
+    of one fp8 program (which takes no stages): the float16 query, two dequantized tiles and
+    the probabilities."""
     if not fp8_cache:
         return tiles.shared_bytes(kv_lora_rank, rope_dim)
     dim, tile = kv_lora_rank + rope_dim, tiles.block_n
-    return 2 * 64 * dim + tiles.num_stages * tile * dim + 2 * tile * dim + 2 * 64 * tile
+    return 2 * (64 * dim + 2 * tile * dim + 64 * tile)
 
 
 def ws_shared_bytes(kv_lora_rank: int, rope_dim: int) -> int:
@@ -172,8 +172,7 @@ def launch_hopper(
             num_heads, segment, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             latent_cache.stride(0), latent_cache.stride(1), block_table.stride(0),
             L=kv_lora_rank, R=rope_dim, PAGE=latent_cache.shape[1], TILE=tiles.block_n,
-            STAGES=tiles.num_stages, SPLIT=split is not None, QUERY_LEN=plan.uniform_query_len,
-            num_warps=8,
+            SPLIT=split is not None, QUERY_LEN=plan.uniform_query_len, num_warps=8,
         )  # fmt: skip
     elif warp_specialized_fits(latent_cache, kv_lora_rank, tiles):
         desc, rope_desc = _descriptors(latent_cache, kv_lora_rank)

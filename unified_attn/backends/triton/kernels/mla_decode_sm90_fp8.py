@@ -4,25 +4,27 @@ Same contract as the lockstep kernel (mla_attention_sm90.py: one program per tok
 and one segment of keys; split-KV partials merged by `merge_partials_kernel`), with a cache of
 float8 e4m3 latents that each stand for their value times `kv_scale` (a 0-dim float32 tensor).
 
-Hopper's tensor cores take no mixed fp8 x 16-bit product, so every key tile is dequantized in
-shared memory before its two wgmma products:
+Hopper's tensor cores take no mixed fp8 x 16-bit product, so every key tile is dequantized
+into shared memory before its two wgmma products, and that work overlaps the tensor cores':
 
-- tiles of TILE keys are copied as fp8 bytes by `cp.async` (16 keys' features a copy) into a
-  ring of STAGES buffers, as the lockstep kernel copies bf16 tiles: half the bytes per tile;
-- each tile is then converted in row chunks (shared -> registers -> float16 -> shared, one
-  `cvt.rn.f16x2.e4m3x2` per two values) into the 16-bit tile both products read;
+- two float16 tile buffers: while the score products of tile i (in one) run, the threads load
+  tile i + 1's fp8 bytes (four chunks of 16 latent rows and the rope rows, 16-byte vectors,
+  through block-table entries loaded an iteration earlier) and convert them into the other
+  (one `cvt.rn.f16x2.e4m3x2` per two values); the value products of tile i then read only its
+  own buffer;
 - the products run in float16, exact for every e4m3 value. bf16 queries are brought into
   float16's range first: each (token, head) row is divided by the power of two that puts its
   largest magnitude under 2^14 (exact), and that factor multiplies the row's scores. The scale
   of the cache multiplies the softmax scale and, once at the end, the accumulator.
 
-Shared memory at L = 512, R = 64, TILE = 64, STAGES = 2: 72 KiB of query, 2 x 36 KiB of fp8
-keys, 72 KiB of dequantized keys and 8 KiB of probabilities: 224 KiB.
+Shared memory at L = 512, R = 64, TILE = 64: 72 KiB of query, 2 x 72 KiB of float16 keys and
+8 KiB of probabilities: 224 KiB, no room for a ring of fp8 copies besides. Loading the next
+tile's bytes a whole iteration ahead instead keeps them live across the softmax and spills
+(measured: benchmarks/README.md, "fp8 latent cache").
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     warpgroup_mma,
@@ -30,25 +32,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from unified_attn.backends.triton.kernels.gathered_attention_sm90 import _softmax
-from unified_attn.backends.triton.kernels.mla_attention_sm90 import (
-    _copy_first,
-    _copy_next,
-    _finish,
-    segment_of,
-)
+from unified_attn.backends.triton.kernels.mla_attention_sm90 import _finish, segment_of
 
 LOG2E = gl.constexpr(1.4426950408889634)
 NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups
-CHUNK: gl.constexpr = gl.constexpr(16)  # key rows dequantized at a time (registers: 16 a thread)
 F16_MAX_ROW: gl.constexpr = gl.constexpr(16384.0)  # query rows are scaled under 2^14
 
 
 @gluon.jit
-def _dequantize(src, dst, ROWS: gl.constexpr, layout: gl.constexpr):
-    """fp8 tile `src` -> float16 tile `dst`, CHUNK rows at a time (exact conversion)."""
-    for r in gl.static_range(0, ROWS, CHUNK):
-        x = src.slice(r, CHUNK).load(layout)
-        dst.slice(r, CHUNK).store(x.to(gl.float16))
+def _blocks(table_row, keys, end, PAGE: gl.constexpr):
+    """Block-table entries of `keys` (0 past `end`)."""
+    return gl.load(table_row + keys // PAGE, mask=keys < end, other=0)
+
+
+@gluon.jit
+def _load_rows(cache_ptr, blocks, keys, end, first: gl.constexpr, dims, stride_cb, stride_cs,
+               PAGE: gl.constexpr):  # fmt: skip
+    """Features `first + dims` of the cache rows of `keys` (their `blocks` loaded earlier) into
+    registers; keys at or past `end` read as 0."""
+    offsets = blocks.to(gl.int64) * stride_cb + (keys % PAGE).to(gl.int64) * stride_cs
+    ptrs = cache_ptr + gl.expand_dims(offsets, 1) + first + gl.expand_dims(dims, 0)
+    mask = gl.expand_dims(keys < end, 1) & gl.expand_dims(dims >= 0, 0)
+    return gl.load(ptrs, mask=mask, other=0.0)
 
 
 @gluon.jit
@@ -77,6 +82,55 @@ def _queries(q_ptr, q_smem, qpe_smem, heads, dims, heads_pe, dims_pe, num_heads,
 
 
 @gluon.jit
+def _tile_blocks(table_row, tile, seg_lo, seg_hi, PAGE: gl.constexpr, TILE: gl.constexpr,
+                 CHUNK: gl.constexpr, c8_layout: gl.constexpr,
+                 pe8_layout: gl.constexpr):  # fmt: skip
+    """Block-table entries of tile `tile` of the segment: its four latent row chunks' and its
+    rope rows'."""
+    rows = seg_lo + tile * TILE + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, c8_layout))
+    keys_pe = seg_lo + tile * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
+    return (
+        _blocks(table_row, rows, seg_hi, PAGE),
+        _blocks(table_row, rows + CHUNK, seg_hi, PAGE),
+        _blocks(table_row, rows + 2 * CHUNK, seg_hi, PAGE),
+        _blocks(table_row, rows + 3 * CHUNK, seg_hi, PAGE),
+        _blocks(table_row, keys_pe, seg_hi, PAGE),
+    )
+
+
+@gluon.jit
+def _load_tile(cache_ptr, blocks, tile, seg_lo, seg_hi, stride_cb, stride_cs, L: gl.constexpr,
+               R: gl.constexpr, PAGE: gl.constexpr, TILE: gl.constexpr, CHUNK: gl.constexpr,
+               c8_layout: gl.constexpr, pe8_layout: gl.constexpr):  # fmt: skip
+    """Tile `tile`'s fp8 bytes in registers: four chunks of latent rows and the rope rows."""
+    rows = seg_lo + tile * TILE + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, c8_layout))
+    keys_pe = seg_lo + tile * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
+    dims = gl.arange(0, L, layout=gl.SliceLayout(0, c8_layout))
+    dims_pe = gl.arange(0, R, layout=gl.SliceLayout(0, pe8_layout))
+    b0, b1, b2, b3, b_pe = blocks
+    strides = (stride_cb, stride_cs)
+    return (
+        _load_rows(cache_ptr, b0, rows, seg_hi, 0, dims, *strides, PAGE),
+        _load_rows(cache_ptr, b1, rows + CHUNK, seg_hi, 0, dims, *strides, PAGE),
+        _load_rows(cache_ptr, b2, rows + 2 * CHUNK, seg_hi, 0, dims, *strides, PAGE),
+        _load_rows(cache_ptr, b3, rows + 3 * CHUNK, seg_hi, 0, dims, *strides, PAGE),
+        _load_rows(cache_ptr, b_pe, keys_pe, seg_hi, L, dims_pe, *strides, PAGE),
+    )
+
+
+@gluon.jit
+def _dequantize(raw, c_smem, pe_smem, CHUNK: gl.constexpr):
+    """A tile's fp8 bytes (`_load_tile`) as float16 into `c_smem [TILE, L]` and `pe_smem
+    [TILE, R]` (exact), a chunk of rows at a time."""
+    c0, c1, c2, c3, pe = raw
+    c_smem.slice(0, CHUNK).store(c0.to(gl.float16))
+    c_smem.slice(CHUNK, CHUNK).store(c1.to(gl.float16))
+    c_smem.slice(2 * CHUNK, CHUNK).store(c2.to(gl.float16))
+    c_smem.slice(3 * CHUNK, CHUNK).store(c3.to(gl.float16))
+    pe_smem.store(pe.to(gl.float16))
+
+
+@gluon.jit
 def mla_decode_sm90_fp8_kernel(
     out_ptr,  # [T, H, L]
     q_ptr,  # [T, H, L + R] bf16 or float16
@@ -100,13 +154,12 @@ def mla_decode_sm90_fp8_kernel(
     R: gl.constexpr,
     PAGE: gl.constexpr,
     TILE: gl.constexpr,
-    STAGES: gl.constexpr,
     SPLIT: gl.constexpr,
     QUERY_LEN: gl.constexpr,  # query tokens of every request (1: decode)
 ):
     BH: gl.constexpr = 64  # heads per program: the wgmma M side
-    fp8: gl.constexpr = cache_ptr.dtype.element_ty
-    # Copies and conversions of fp8 rows: 16-byte vectors, a warp covers one latent row.
+    CHUNK: gl.constexpr = TILE // 4  # latent rows a register chunk of a tile holds
+    # fp8 rows: 16-byte vectors, a warp covers one latent row.
     c8_layout: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [NUM_WARPS, 1], [1, 0])
     pe8_layout: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (R // 16), R // 16],
                                                 [NUM_WARPS, 1], [1, 0])  # fmt: skip
@@ -120,7 +173,6 @@ def mla_decode_sm90_fp8_kernel(
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, L // 2, 16]
     )
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     f16: gl.constexpr = gl.float16
     q_smem = gl.allocate_shared_memory(
         f16, [BH, L], gl.NVMMASharedLayout.get_default_for([BH, L], f16)
@@ -128,13 +180,11 @@ def mla_decode_sm90_fp8_kernel(
     qpe_smem = gl.allocate_shared_memory(
         f16, [BH, R], gl.NVMMASharedLayout.get_default_for([BH, R], f16)
     )
-    c8_smem = gl.allocate_shared_memory(fp8, [STAGES, TILE, L], plain)
-    pe8_smem = gl.allocate_shared_memory(fp8, [STAGES, TILE, R], plain)
     c_smem = gl.allocate_shared_memory(
-        f16, [TILE, L], gl.NVMMASharedLayout.get_default_for([TILE, L], f16)
+        f16, [2, TILE, L], gl.NVMMASharedLayout.get_default_for([TILE, L], f16)
     )
     pe_smem = gl.allocate_shared_memory(
-        f16, [TILE, R], gl.NVMMASharedLayout.get_default_for([TILE, R], f16)
+        f16, [2, TILE, R], gl.NVMMASharedLayout.get_default_for([TILE, R], f16)
     )
     p_smem = gl.allocate_shared_memory(
         f16, [BH, TILE], gl.NVMMASharedLayout.get_default_for([BH, TILE], f16)
@@ -145,21 +195,19 @@ def mla_decode_sm90_fp8_kernel(
     )
     table_row = block_table_ptr + req * stride_bt
     q_ptr += t * stride_qt
-
-    dims_c = gl.arange(0, L, layout=gl.SliceLayout(0, c8_layout))
-    dims_pe = gl.arange(0, R, layout=gl.SliceLayout(0, pe8_layout))
-    keys_c = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, c8_layout))
-    keys_pe = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
-    # Prologue: tiles 0 .. STAGES - 2, then the query (through registers: it is rescaled and
-    # converted).
-    rows = _copy_first(cache_ptr, table_row, keys_c, keys_pe, dims_c, dims_pe, seg_hi, stride_cb,
-                       stride_cs, c8_smem, pe8_smem, L, PAGE, TILE, STAGES)  # fmt: skip
+    # Prologue: tile 0 dequantized into buffer 0, tile 1's block-table entries, the query.
+    blocks = _tile_blocks(table_row, 0, seg_lo, seg_hi, PAGE, TILE, CHUNK, c8_layout, pe8_layout)
+    raw = _load_tile(cache_ptr, blocks, 0, seg_lo, seg_hi, stride_cb, stride_cs, L, R, PAGE, TILE,
+                     CHUNK, c8_layout, pe8_layout)  # fmt: skip
+    blocks = _tile_blocks(table_row, 1, seg_lo, seg_hi, PAGE, TILE, CHUNK, c8_layout, pe8_layout)
     heads_o = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, c_layout))
     dims_o = gl.arange(0, L, layout=gl.SliceLayout(0, c_layout))
     heads_pe = head0 + gl.arange(0, BH, layout=gl.SliceLayout(1, pe_layout))
     divisor = _queries(q_ptr, q_smem, qpe_smem, heads_o, dims_o, heads_pe,
                        gl.arange(0, R, layout=gl.SliceLayout(0, pe_layout)), num_heads,
                        stride_qh, L, c_layout, pe_layout)  # fmt: skip
+    _dequantize(raw, c_smem.index(0), pe_smem.index(0), CHUNK)
+    fence_async_shared()
     kv_scale = gl.load(kv_scale_ptr)
     row_factor = gl.expand_dims(gl.convert_layout(divisor, gl.SliceLayout(1, s_layout)), 1)
 
@@ -170,28 +218,29 @@ def mla_decode_sm90_fp8_kernel(
     cols = seg_lo + gl.arange(0, TILE, layout=gl.SliceLayout(0, s_layout))
     qk_scale = scale * LOG2E * kv_scale
     for i in range(num_tiles):
-        slot = (i + STAGES - 1) % STAGES
-        rows = _copy_next(cache_ptr, table_row, rows, keys_c, keys_pe, dims_c, dims_pe,
-                          (i + STAGES) * TILE, seg_hi, stride_cb, stride_cs, c8_smem.index(slot),
-                          pe8_smem.index(slot), L, PAGE)  # fmt: skip
-        async_copy.wait_group(STAGES - 1)  # this thread's copies of tile i have landed
-        gl.thread_barrier()  # ... and every thread's; the last tile's products are done
-        _dequantize(c8_smem.index(i % STAGES), c_smem, TILE, c8_layout)
-        _dequantize(pe8_smem.index(i % STAGES), pe_smem, TILE, pe8_layout)
-        fence_async_shared()  # visible to the wgmma's async proxy
+        # Tile i is dequantized in buffer i % 2 (fenced). While its score products run, tile
+        # i + 1 is loaded and dequantized into the other buffer (last read by the previous
+        # tile's value products, which every warpgroup waited for before the barrier).
         gl.thread_barrier()
-        qk = warpgroup_mma(q_smem, c_smem.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        qk = warpgroup_mma(qpe_smem, pe_smem.permute((1, 0)), qk, is_async=True)
+        cur = i % 2
+        qk = warpgroup_mma(q_smem, c_smem.index(cur).permute((1, 0)), s_zero, use_acc=False,
+                           is_async=True)  # fmt: skip
+        qk = warpgroup_mma(qpe_smem, pe_smem.index(cur).permute((1, 0)), qk, is_async=True)
+        nxt = _load_tile(cache_ptr, blocks, i + 1, seg_lo, seg_hi, stride_cb, stride_cs, L, R,
+                         PAGE, TILE, CHUNK, c8_layout, pe8_layout)  # fmt: skip
+        blocks = _tile_blocks(table_row, i + 2, seg_lo, seg_hi, PAGE, TILE, CHUNK, c8_layout,
+                              pe8_layout)  # fmt: skip
+        _dequantize(nxt, c_smem.index(1 - cur), pe_smem.index(1 - cur), CHUNK)
         qk = warpgroup_mma_wait(num_outstanding=0, deps=(qk,))
         p, alpha, m_i, l_acc = _softmax(qk * row_factor, cols < seg_hi, qk_scale, m_i, l_acc)
         p_smem.store(p.to(f16))
-        fence_async_shared()
+        fence_async_shared()  # the probabilities and tile i + 1, for the async proxy
         gl.thread_barrier()
         alpha_o = gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-        acc = warpgroup_mma(p_smem, c_smem, acc * alpha_o, is_async=True)
+        acc = warpgroup_mma(p_smem, c_smem.index(cur), acc * alpha_o, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cols += TILE
-    async_copy.wait_group(0)
+
     _finish(out_ptr, part_acc_ptr, part_lse_ptr, acc, kv_scale, l_acc, m_i, qk_scale, t, segment,
             head0, heads_o, dims_o, num_heads, stride_ot, stride_oh, L, SPLIT, c_layout,
             s_layout, o_layout)  # fmt: skip
