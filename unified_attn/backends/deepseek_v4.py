@@ -145,7 +145,10 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
         if self.sliding_window is None:
             problems.append("sliding_window is required (every V4 layer slides)")
         if self.kv_cache_dtype != self.dtype:
-            problems.append(f"kv_cache_dtype={self.kv_cache_dtype} differs from {self.dtype}")
+            problems.append(
+                f"kv_cache_dtype={self.kv_cache_dtype} differs from {self.dtype} (the V4 caches "
+                "hold the model dtype: use kv_cache_dtype='auto')"
+            )
         if self.attn_type != AttentionType.DECODER or self.num_sink_tokens:
             problems.append("V4 layers are causal decoder layers without sink tokens")
         if problems:
