@@ -35,6 +35,11 @@ from unified_attn.tensor_specs.paged import FP8_KV_DTYPE
 from unified_attn.utils import cdiv, power_of_two
 
 MAX_SEGMENTS = 64
+# Fewest heads for which decode takes a Hopper kernel (64 rows a program; fewer heads are padded
+# with masked rows). H100, B 64, 8k, bf16: 32 heads padded take 229 us against the portable
+# kernel's 314 (32k: 821 against 1180); fp8 277 against 712. At 16 heads the padded kernel
+# ties the portable one (227 us), which keeps them.
+HOPPER_MIN_HEADS = 32
 MAX_UNIFORM_QUERY_LEN = 16  # longer uniform batches take the ragged path (one compile for all)
 SPLIT_MAX_QUERY_LEN = 8  # decode and spec-decode verification may split; prefill never does
 SEGMENT_ROUND = 64  # segments are multiples of this many keys (and of the tile)
@@ -156,10 +161,10 @@ def plan_mla(
     the capture with the largest `max_seq_len` a replay may see (longer contexts stay correct:
     the last segment takes every key past the others, only balance suffers).
 
-    `latent_dims` `(L, R)`: with them a batch of at least 64 heads in which every request has
-    the same 1 to `HOPPER_MAX_QUERY_LEN` query tokens (decode, speculative verification) gets
-    the Hopper kernels (`HOPPER_TILES`) on an sm90 GPU when they can serve them (with
-    `fp8_cache`, the Hopper kernel that dequantizes an fp8 latent cache).
+    `latent_dims` `(L, R)`: with them a batch of at least `HOPPER_MIN_HEADS` heads in which
+    every request has the same 1 to `HOPPER_MAX_QUERY_LEN` query tokens (decode, speculative
+    verification) gets the Hopper kernels (`HOPPER_TILES`) on an sm90 GPU when they can serve
+    them (with `fp8_cache`, the Hopper kernel that dequantizes an fp8 latent cache).
     """
     if tiles is None:
         uniform_short = (
@@ -167,7 +172,7 @@ def plan_mla(
         )
         hopper = (
             uniform_short
-            and num_heads >= 64
+            and num_heads >= HOPPER_MIN_HEADS
             and latent_dims is not None
             and not hopper_reasons(
                 device, dtype, *latent_dims, HOPPER_TILES, fp8_cache=fp8_cache

@@ -1,14 +1,14 @@
 """The Hopper (sm90) MLA decode kernels: which batches they serve, and their launches.
 
 Three Gluon kernels serve weight-absorbed MLA decode (one query token per request, or up to
-`HOPPER_MAX_QUERY_LEN` of them in speculative verification; at least 64 heads) on an sm90 GPU
-with 16-bit queries:
+`HOPPER_MAX_QUERY_LEN` of them in speculative verification; at least 32 heads, padded to 64 per
+program) on an sm90 GPU with 16-bit queries:
 - the warp-specialized kernel (`kernels/mla_decode_sm90_ws.py`), when every page holds a
   multiple of 64 keys (a tile is one page's rows, one TMA copy) and its shared memory fits;
 - the lockstep kernel (`kernels/mla_attention_sm90.py`) otherwise (any page size);
 - the fp8 kernel (`kernels/mla_decode_sm90_fp8.py`) for an fp8 (e4m3) latent cache, which it
   dequantizes into shared memory while the tensor cores work (any page size).
-`plan_mla` (mla_ops.py) picks them; `launch_hopper` chooses between the two from the cache's
+`plan_mla` (mla_ops.py) picks them; `launch_hopper` chooses among the three from the cache's
 layout at launch (host values only: no device read, CUDA-graph safe).
 """
 
