@@ -13,7 +13,8 @@ from mla_bench.timing import Bench, rel_err
 def oracle_check(bench: Bench, p: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     """Ours against a float32 torch oracle: 3 ragged decode requests, H 16, auto plan."""
     from unified_attn.backends.kv_quant import dequantize_fp8, quantize_fp8
-    from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention, plan_mla
+    from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention
+    from unified_attn.backends.triton.mla_plan import plan_mla
 
     dev, dtype = bench.device, getattr(torch, p["dtype"])
     L, dim, page, heads = p["kv_lora_rank"], p["kv_lora_rank"] + p["rope_dim"], p["page"], 16

@@ -48,7 +48,8 @@ class Shape:
 
     def plan(self, tiles: Any, num_segments: int | None) -> tuple[Any, Any]:
         """Our plan for this batch and a scratch ensured for it."""
-        from unified_attn.backends.triton.mla_ops import MLAScratch, plan_mla
+        from unified_attn.backends.triton.mla_ops import MLAScratch
+        from unified_attn.backends.triton.mla_plan import plan_mla
 
         plan = plan_mla(
             num_reqs=self.batch, num_tokens=self.batch, num_heads=self.heads, max_query_len=1,
@@ -146,7 +147,7 @@ def tiles_of(values: list[int]) -> Any:
     """`MLATiles` from a `--tiles` list: BH,BQ,BN,WARPS,STAGES[,PROGRAMS_PER_SM[,KERNEL]] with
     KERNEL 0 portable, 1 Hopper lockstep, 2 Hopper warp-specialized, 3 portable with swapped
     products (`swap_ab`); ValueError if invalid."""
-    from unified_attn.backends.triton.mla_ops import MLATiles
+    from unified_attn.backends.triton.mla_plan import MLATiles
 
     kernel = values[6:]
     return MLATiles(*values[:6], hopper=kernel in ([1], [2]), warp_specialized=kernel == [2],

@@ -7,13 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unified_attn.backends.triton.mla_ops import (
-    HOPPER_TILES,
-    MLAScratch,
-    MLATiles,
-    mla_attention,
-    plan_mla,
-)
+from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention
+from unified_attn.backends.triton.mla_plan import HOPPER_TILES, MLATiles, plan_mla
 from unified_attn.backends.triton.mla_sm90 import (
     hopper_reasons,
     warp_specialized_fits,

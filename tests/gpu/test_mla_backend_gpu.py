@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.backends.triton.mla_ops import HOPPER_TILES
+from unified_attn.backends.triton.mla_plan import HOPPER_TILES
 from unified_attn.models.presets import MLA_PRESETS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

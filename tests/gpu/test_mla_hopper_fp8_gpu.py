@@ -13,14 +13,9 @@ import torch
 from tests.gpu.graphs import assert_replay_equals_eager, capture
 from tests.gpu.test_mla_hopper_gpu import SCALE, make_inputs
 from unified_attn.backends.kv_quant import dequantize_fp8, quantize_fp8
-from unified_attn.backends.triton.mla_ops import (
-    HOPPER_TILES,
-    MLAScratch,
-    MLATiles,
-    hopper_reasons,
-    mla_attention,
-    plan_mla,
-)
+from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention
+from unified_attn.backends.triton.mla_plan import HOPPER_TILES, MLATiles, plan_mla
+from unified_attn.backends.triton.mla_sm90 import hopper_reasons
 
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = pytest.mark.skipif(not SM90, reason="needs an sm90 GPU")

@@ -7,12 +7,8 @@ import pytest
 import torch
 
 from tests.gpu.graphs import assert_replay_equals_eager, capture
-from unified_attn.backends.triton.mla_ops import (
-    MLAScratch,
-    mla_attention,
-    plan_mla,
-    write_latent_cache,
-)
+from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention, write_latent_cache
+from unified_attn.backends.triton.mla_plan import plan_mla
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -173,13 +173,18 @@ class Capacity:
         }
 
 
+def backend_options(kv_cache_dtype: str) -> dict[str, Any]:
+    """The backend keyword arguments for `kv_cache_dtype` as the engine takes it ("auto": none)."""
+    if kv_cache_dtype == "auto":
+        return {}
+    return {"kv_cache_dtype": kv_cache_dtype_name(kv_cache_dtype)}
+
+
 def attention_layers(config: PlanConfig, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> list:
     """`(LayerConfig, backend)` of every layer (of every cache user, for DeepSeek-V4), from a
     model built on the meta device (no memory: only the cache configs are needed);
     `kv_cache_dtype` as the engine takes it."""
-    options = {}
-    if kv_cache_dtype != "auto":
-        options["kv_cache_dtype"] = kv_cache_dtype_name(kv_cache_dtype)
+    options = backend_options(kv_cache_dtype)
     if isinstance(config, DeepseekV4Config):
         v4 = DeepseekV4ForCausalLM(
             config, DeepseekV4WindowBackend, dtype=dtype, device="meta", backend_options=options
@@ -214,12 +219,10 @@ def full_latent_layers(config: DeepseekV4Config, dtype: torch.dtype) -> list:
 def full_mha_layers(config: DeepseekConfig, dtype: torch.dtype, kv_cache_dtype: str) -> list:
     """DeepSeek-V2/V3 without the latent: per-head keys and values of `qk_head_dim` each (values
     padded to the key size) in every layer, `kv_cache_dtype` as the engine takes it."""
-    options = {}
-    if kv_cache_dtype != "auto":
-        options["kv_cache_dtype"] = kv_cache_dtype_name(kv_cache_dtype)
     backend = ReferenceAttentionBackend(
-        num_kv_heads=config.num_heads, head_size=config.qk_head_dim, dtype=dtype, **options
-    )
+        num_kv_heads=config.num_heads, head_size=config.qk_head_dim, dtype=dtype,
+        **backend_options(kv_cache_dtype),
+    )  # fmt: skip
     heads, head = config.num_heads, config.qk_head_dim
     return [
         (LayerConfig(f"model.layers.{i}.self_attn", heads, heads, head, config.softmax_scale),

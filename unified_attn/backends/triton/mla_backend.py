@@ -9,7 +9,7 @@ most segments, so replays of shorter or longer contexts stay correct.
 
 No sliding window (the kernel has none) and no batch invariance is claimed: the split-KV plan
 and the tiles follow the batch's shape. An fp8 latent cache (`kv_cache_dtype="fp8"`, the scales
-of `backends/kv_quant.py`) runs on the portable kernel, which dequantizes in registers.
+of `backends/kv_quant.py`) is dequantized by the kernels (mla_ops.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ import torch
 
 from unified_attn.backend import CommonAttentionMetadata, LayerConfig
 from unified_attn.backends.mla import MLAReferenceBackend
-from unified_attn.backends.triton.mla_ops import (
-    MAX_SEGMENTS,
-    MLAScratch,
-    mla_attention,
-    plan_mla,
-    write_latent_cache,
-)
+from unified_attn.backends.triton.mla_ops import MLAScratch, mla_attention, write_latent_cache
+from unified_attn.backends.triton.mla_plan import MAX_SEGMENTS, plan_mla
 from unified_attn.backends.triton.ops import platform_reasons
 from unified_attn.selector import SelectorConfig, register_backend
 

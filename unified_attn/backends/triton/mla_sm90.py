@@ -8,7 +8,7 @@ program) on an sm90 GPU with 16-bit queries:
 - the lockstep kernel (`kernels/mla_attention_sm90.py`) otherwise (any page size);
 - the fp8 kernel (`kernels/mla_decode_sm90_fp8.py`) for an fp8 (e4m3) latent cache, which it
   dequantizes into shared memory while the tensor cores work (any page size).
-`plan_mla` (mla_ops.py) picks them; `launch_hopper` chooses among the three from the cache's
+`plan_mla` (mla_plan.py) picks them; `launch_hopper` chooses among the three from the cache's
 layout at launch (host values only: no device read, CUDA-graph safe).
 """
 
@@ -29,7 +29,7 @@ from unified_attn.backends.triton.ops import SM90_SHARED_BYTES, is_sm90, rows_16
 from unified_attn.utils import cdiv
 
 if TYPE_CHECKING:
-    from unified_attn.backends.triton.mla_ops import MLAPlan, MLATiles
+    from unified_attn.backends.triton.mla_plan import MLAPlan, MLATiles
 
 HOPPER_LATENT_RANKS = (128, 256, 512)  # L: each warpgroup's output half is one wgmma (N <= 256)
 HOPPER_ROPE_DIMS = (16, 32, 64, 128)

@@ -82,13 +82,22 @@ def _queries(q_ptr, q_smem, qpe_smem, heads, dims, heads_pe, dims_pe, num_heads,
 
 
 @gluon.jit
+def _tile_keys(tile, seg_lo, TILE: gl.constexpr, CHUNK: gl.constexpr, c8_layout: gl.constexpr,
+               pe8_layout: gl.constexpr):  # fmt: skip
+    """Tile `tile`'s keys: the first latent row chunk's (the others follow by CHUNK) and the
+    rope rows'."""
+    first = seg_lo + tile * TILE
+    return (first + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, c8_layout)),
+            first + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout)))  # fmt: skip
+
+
+@gluon.jit
 def _tile_blocks(table_row, tile, seg_lo, seg_hi, PAGE: gl.constexpr, TILE: gl.constexpr,
                  CHUNK: gl.constexpr, c8_layout: gl.constexpr,
                  pe8_layout: gl.constexpr):  # fmt: skip
     """Block-table entries of tile `tile` of the segment: its four latent row chunks' and its
     rope rows'."""
-    rows = seg_lo + tile * TILE + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, c8_layout))
-    keys_pe = seg_lo + tile * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
+    rows, keys_pe = _tile_keys(tile, seg_lo, TILE, CHUNK, c8_layout, pe8_layout)
     return (
         _blocks(table_row, rows, seg_hi, PAGE),
         _blocks(table_row, rows + CHUNK, seg_hi, PAGE),
@@ -103,8 +112,7 @@ def _load_tile(cache_ptr, blocks, tile, seg_lo, seg_hi, stride_cb, stride_cs, L:
                R: gl.constexpr, PAGE: gl.constexpr, TILE: gl.constexpr, CHUNK: gl.constexpr,
                c8_layout: gl.constexpr, pe8_layout: gl.constexpr):  # fmt: skip
     """Tile `tile`'s fp8 bytes in registers: four chunks of latent rows and the rope rows."""
-    rows = seg_lo + tile * TILE + gl.arange(0, CHUNK, layout=gl.SliceLayout(1, c8_layout))
-    keys_pe = seg_lo + tile * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, pe8_layout))
+    rows, keys_pe = _tile_keys(tile, seg_lo, TILE, CHUNK, c8_layout, pe8_layout)
     dims = gl.arange(0, L, layout=gl.SliceLayout(0, c8_layout))
     dims_pe = gl.arange(0, R, layout=gl.SliceLayout(0, pe8_layout))
     b0, b1, b2, b3, b_pe = blocks
