@@ -219,3 +219,63 @@ def test_preset_runs_in_the_engine_with_balanced_groups():
     managers = [(g["manager"], g["block_size"]) for g in groups]
     assert managers == [("SlidingWindowManager", 16)] * 5 + [("FullAttentionManager", 64)]
     assert all(g["wasted_bytes_per_block"] == 0 for g in groups)
+
+
+# ---- exact ties in the indexer's top-k ----------------------------------------------------------
+
+
+class LowerEntryFirst:
+    """transformers' indexer with `topk` ties broken toward the lower entry, the rule of
+    `deepseek_v4_compressed.top_entries` (torch's own tie order depends on the tensor's width,
+    so neither side of a tie is more right; this makes both sides take the same one). Counts
+    the rows whose k-th and (k+1)-th visible scores tie."""
+
+    def __init__(self, monkeypatch):
+        from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf_v4
+
+        self.ties = 0
+        forward = hf_v4.DeepseekV4Indexer.forward
+        plain_topk = torch.Tensor.topk
+
+        def stable_topk(x, k, dim=-1, *args, **kwargs):
+            order = x.sort(dim=dim, descending=True, stable=True)
+            values, indices = order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)
+            if x.shape[dim] > k:
+                edge, after = values.select(dim, k - 1), order.values.select(dim, k)
+                self.ties += int(((edge == after) & torch.isfinite(edge)).sum())
+            return torch.return_types.topk((values, indices))
+
+        def patched(module, *args, **kwargs):
+            monkeypatch.setattr(torch.Tensor, "topk", stable_topk)
+            try:
+                return forward(module, *args, **kwargs)
+            finally:
+                monkeypatch.setattr(torch.Tensor, "topk", plain_topk)
+
+        monkeypatch.setattr(hf_v4.DeepseekV4Indexer, "forward", patched)
+
+
+@pytest.fixture(scope="module")
+def tied_checkpoint(tmp_path_factory):
+    # 4 indexer heads (the preset's): entries whose every head's relu is 0 score exactly 0
+    hf = make_v4(index_n_heads=4)
+    return hf, save_hf_model(hf, tmp_path_factory.mktemp("v4-ties"))
+
+
+@pytest.mark.parametrize("budget", [512, 13])
+def test_batched_requests_with_indexer_ties_match_transformers_per_prompt(
+    tied_checkpoint, monkeypatch, budget
+):
+    """Prompts of different lengths generated together (one step each, or 13-token chunks
+    mixed with decodes) give each prompt transformers' logits and greedy tokens, run alone,
+    although many top-k choices are exact ties: a request's picks do not depend on its
+    neighbours' entries."""
+    hf, path = tied_checkpoint
+    ties = LowerEntryFirst(monkeypatch)
+    engine = LLMEngine(
+        str(path), max_model_len=112, max_num_batched_tokens=budget, block_size=8,
+        kv_cache_memory=MEMORY, enable_prefix_caching=False,
+    )  # fmt: skip
+    batch = prompts([61, 35, 79, 46, 5], seed=3)
+    check_engine(hf, engine.generate(batch, PROMPT_PARAMS), batch)
+    assert ties.ties > 0, "no top-k tie: the test no longer covers them"

@@ -190,3 +190,39 @@ def test_the_run_command_takes_a_draft_model(capsys):
     assert spec["method"] == "draft" and spec["draft_model"] == "tiny-llama"
     assert spec["acceptance_rate"] > 0.9
     assert report["draft_kv_cache"]["num_blocks"] > 0
+
+
+def test_catch_up_ends_when_the_target_took_a_draft_it_did_not_verify():
+    """The state a soak spun on: the target's step had no room to verify its drafts, decoded
+    one token, and that token was the shadow's first draft, which the draft cache already holds
+    (fed to propose the second). The shadow then has nothing left to compute, yet needs the
+    last token's logits for its first draft: it computes that token again, and the round ends
+    with the drafts a fresh shadow would propose."""
+    import threading
+
+    from unified_attn.request import Request, RequestStatus
+
+    engine = LLMEngine("tiny-llama", **draft_options("tiny-llama", k=3))
+    drafter = drafter_of(engine)
+    target = Request("r", PROMPTS[1], sampling_params=SamplingParams(max_tokens=20))
+    target.status = RequestStatus.RUNNING
+    target.append_output_token_ids([7])
+    drafter.draft([(target, 3)])
+    first = target.spec_token_ids
+    assert len(first) == 3
+    target.append_output_token_ids(first[:1])  # decoded alone, equal to the first draft
+    shadow = drafter._shadows["r"].request
+    assert shadow.num_computed_tokens >= target.num_tokens  # the state that spun
+
+    round_ = threading.Thread(target=drafter.draft, args=([(target, 3)],), daemon=True)
+    round_.start()
+    round_.join(timeout=60)
+    assert not round_.is_alive(), "the draft round did not end"
+    assert target.spec_token_ids == first[1:] + target.spec_token_ids[2:]  # the same greedy run
+
+    fresh = LLMEngine("tiny-llama", **draft_options("tiny-llama", k=3))
+    other = Request("r", PROMPTS[1], sampling_params=SamplingParams(max_tokens=20))
+    other.status = RequestStatus.RUNNING
+    other.append_output_token_ids(target.output_token_ids)
+    drafter_of(fresh).draft([(other, 3)])
+    assert other.spec_token_ids == target.spec_token_ids

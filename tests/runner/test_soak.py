@@ -23,7 +23,7 @@ import torch
 
 from tests.managers.helpers import walk_free_queue
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.models import PRESETS
+from unified_attn.models import MLA_PRESETS, PRESETS, V4_PRESETS
 from unified_attn.request import RequestStatus
 from unified_attn.runner.draft_model import DraftModelProposer
 from unified_attn.runner.sampler import apply_penalties
@@ -96,20 +96,45 @@ SPECULATIVE = {
     "ngram": dict(speculative_method="ngram", num_speculative_tokens=3),
     "draft": dict(speculative_method="draft", draft_model="mistral-like", num_speculative_tokens=3),
 }
+# Options a soak can run with beyond the default engine: each variant is what shipped since
+# the soak was written, under the same memory pressure and checks.
+VARIANTS = {
+    # draft model = target (same weights): its first draft often equals the target's next
+    # token; an 8-token budget leaves no room to verify drafts, 8-token blocks
+    "self-draft-tight": dict(
+        options=dict(
+            speculative_method="draft", draft_model="tiny-llama", num_speculative_tokens=3
+        ),
+        engine=dict(max_num_batched_tokens=8, max_num_seqs=8, block_size=8),
+    ),
+    "window-aware": dict(options=dict(kv_cache_eviction="window_aware"), engine={}),
+    "fp8": dict(options=dict(kv_cache_dtype="fp8"), engine={}),
+}
+ALL_PRESETS = sorted([*PRESETS, *MLA_PRESETS, *V4_PRESETS])
 
 
 class Soak:
-    def __init__(self, preset: str, seed: int, speculative: str | None = None) -> None:
+    def __init__(
+        self, preset: str, seed: int, speculative: str | None = None, variant: str | None = None
+    ) -> None:
         self.rng = random.Random(f"{preset}-{seed}")
-        probe = LLMEngine(preset, seed=seed, **ENGINE)
+        options = SPECULATIVE[speculative] if speculative else {}
+        self.engine_options = {**ENGINE}
+        if variant is not None:
+            options = VARIANTS[variant]["options"]
+            self.engine_options.update(VARIANTS[variant]["engine"])
+        probe = LLMEngine(preset, seed=seed, **self.engine_options, **options)
         blocks = sum(probe.worker.blocks_per_request)
         # one worst-case request and a few spare blocks: requests must take turns
         memory = probe.worker.plan.bytes_per_block * (blocks + 4)
-        options = SPECULATIVE[speculative] if speculative else {}
-        if speculative == "draft":  # the draft's pool takes its share of the budget
-            memory += draft_share(probe, memory)
-        self.engine = LLMEngine(preset, kv_cache_memory=memory, seed=seed, **ENGINE, **options)
-        self.preset, self.seed, self.speculative = preset, seed, speculative
+        if "draft_model" in options:  # the draft's pool takes its share of the budget
+            memory += draft_share(probe, memory, options["draft_model"])
+        self.engine = LLMEngine(
+            preset, kv_cache_memory=memory, seed=seed, **self.engine_options, **options
+        )
+        self.options = options
+        self.preset, self.seed = preset, seed
+        self.speculative = speculative or ("draft" if "draft_model" in options else None)
         self.vocab = min(self.engine.vocab_size, 256)
         self.prefixes = [self.tokens(self.rng.randint(16, 70)) for _ in range(3)]
         self.stop_tokens = tuple(self.tokens(24))
@@ -282,8 +307,14 @@ class Soak:
         assert not drafter.runner.block_tables.rows
 
     def check_against_alone(self) -> None:
-        # the same weights (the seed draws them), a pool of the default size, no prefix cache
-        alone = LLMEngine(self.preset, enable_prefix_caching=False, seed=self.seed, **ENGINE)
+        # the same weights (the seed draws them), a pool of the default size, no prefix cache,
+        # no speculation; an fp8 cache with the soak's calibrated scales
+        same = {k: v for k, v in self.options.items() if k == "kv_cache_dtype"}
+        alone = LLMEngine(
+            self.preset, enable_prefix_caching=False, seed=self.seed, **self.engine_options, **same
+        )
+        if same:
+            copy_fp8_scales(self.engine, alone)
         for rid, got in self.outputs.items():
             submitted = self.submitted[rid]
             if self.speculative and not submitted.params.greedy:
@@ -292,7 +323,19 @@ class Soak:
             (ref,) = alone.generate([submitted.prompt], params)
             where = f"{self.preset}: {rid} ({submitted.params})"
             for mine, want in zip(got, completions(ref), strict=True):
+                if self.speculative and isinstance(mine.stop_reason, str):
+                    mine = stopped_in_a_speculative_step(mine, want)
                 check_completion(mine, want, submitted, where)
+
+
+def stopped_in_a_speculative_step(mine: Completion, want: Completion) -> Completion:
+    """A stop string found in a step that accepted several tokens ends the text there, but the
+    step's tokens after it stay in `token_ids` (as in vLLM, whose detokenizer cuts only the
+    text): `mine` with the tokens past the run alone's dropped, once they are its extension."""
+    n = len(want.token_ids)
+    if want.stop_reason == mine.stop_reason and mine.token_ids[:n] == want.token_ids:
+        return attrs.evolve(mine, token_ids=mine.token_ids[:n])
+    return mine
 
 
 def check_completion(mine: Completion, want: Completion, submitted: Submitted, where: str) -> None:
@@ -376,16 +419,30 @@ def check_block_table(engine: LLMEngine, request_id: str, blocks) -> None:
                 assert row_ids[i] == block.block_id, f"{request_id}: group {gid} entry {i}"
 
 
-def draft_share(probe: LLMEngine, memory: int) -> int:
+def copy_fp8_scales(source: LLMEngine, target: LLMEngine) -> None:
+    """Give `target`'s fp8 layers the K/V scales `source` calibrated, fixed: the first prefill
+    calibrates them, so a request alone would otherwise quantize with other scales."""
+    scales = {}
+    for layer, backend in source.model.attention_layers():
+        if getattr(backend, "kv_scales", None) is not None:
+            scales[layer.name] = backend.kv_scales.tensors[layer.name]
+    assert scales, "no layer has an fp8 cache"
+    for layer, backend in target.model.attention_layers():
+        if layer.name in scales:
+            backend.kv_scales.tensors[layer.name].copy_(scales[layer.name])
+            backend.kv_scales.fixed.add(layer.name)
+
+
+def draft_share(probe: LLMEngine, memory: int, draft_model: str) -> int:
     """Bytes to add to a target's `memory` so that it keeps them beside its draft model's pool
     (the budget is split by bytes per token)."""
-    draft = LLMEngine(SPECULATIVE["draft"]["draft_model"], **ENGINE).worker.plan
+    draft = LLMEngine(draft_model, **ENGINE).worker.plan
     target = probe.worker.plan
     per_token = [plan.bytes_per_block / plan.block_size for plan in (draft, target)]
     return int(memory * per_token[0] / per_token[1]) + target.bytes_per_block
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", ALL_PRESETS)
 def test_soak(preset, soak_steps, soak_seeds):
     for seed in range(soak_seeds):
         soak = Soak(preset, seed)
@@ -394,7 +451,7 @@ def test_soak(preset, soak_steps, soak_seeds):
         soak.check_against_alone()
 
 
-@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if p != "hybrid-linear"))
+@pytest.mark.parametrize("preset", [p for p in ALL_PRESETS if p != "hybrid-linear"])
 def test_soak_with_speculative_decoding(preset, soak_steps, soak_seeds):
     """Greedy requests equal the run alone without speculation; no block leaks after drafts
     are rolled back, preempted or aborted."""
@@ -417,4 +474,29 @@ def test_soak_with_a_draft_model(preset, soak_steps, soak_seeds):
         soak.check_end()
         soak.check_draft_pool_is_empty()
         assert soak.engine.stats.spec_drafted > 0
+        soak.check_against_alone()
+
+
+# the presets each variant applies to: window-aware eviction where windows are, fp8 where the
+# backends store it (the V4 caches hold the model dtype)
+VARIANT_PRESETS = {
+    "self-draft-tight": ["tiny-llama"],
+    "window-aware": ["deepseek-v4-like", "gemma2-like", "mistral-like", "streaming-llm"],
+    "fp8": ["deepseek-v3-like", "gpt-oss-like", "mistral-like", "tiny-llama"],
+}
+
+
+@pytest.mark.parametrize(
+    "variant, preset", [(v, p) for v, presets in VARIANT_PRESETS.items() for p in presets]
+)
+def test_soak_with_engine_options(variant, preset, soak_steps, soak_seeds):
+    """The soak with options that shipped after it: self-drafting under a budget too small to
+    verify drafts (it once hung), window-aware eviction, fp8 caches (compared with requests
+    alone that quantize with the same scales)."""
+    for seed in range(soak_seeds):
+        soak = Soak(preset, seed, variant=variant)
+        soak.run(soak_steps)
+        soak.check_end()
+        if soak.speculative == "draft":
+            soak.check_draft_pool_is_empty()
         soak.check_against_alone()

@@ -381,6 +381,21 @@ def index_scores(
     out.copy_(scores.masked_fill(~visible, float("-inf")))
 
 
+def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices `[T, k]` of the `k` best entries of each row of `scores [T, E]` (float32),
+    best first, equal scores broken toward the lower entry index. `torch.topk` breaks ties by
+    its own algorithm, which depends on `E` (the longest request of the step): exact ties are
+    common (`relu` zeroes every head's score of an entry), so a request's picks, and its
+    logits, would change with its neighbours. Each score becomes one distinct int64 key (its
+    float32 order in the high word, the reversed index in the low word) and topk ranks those;
+    -0.0 and 0.0 count as equal."""
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # monotone in the float
+    entries = torch.arange(scores.shape[-1], device=scores.device)
+    keys = ordered * (1 << 32) + ((1 << 32) - 1 - entries)
+    return keys.topk(k, dim=-1).indices
+
+
 class LightningIndexerBackend(_CompressedCacheBackend):
     """CSA's lightning indexer: scores `sum_h w[t, h] * relu(q[t, h] . k[e]) * scale` of every
     complete indexer entry and keeps the top `index_topk` per query."""
@@ -416,7 +431,7 @@ class LightningIndexerBackend(_CompressedCacheBackend):
         self.score_entries(query, weights, cache, index.read_blocks, index.read_offsets[0],
                            index.request, index.num_visible, layer.scale, scores)  # fmt: skip
         k = min(output.shape[1], plan.num_entries)
-        picks = scores.topk(k, dim=-1).indices
+        picks = top_entries(scores, k)
         output.fill_(-1)
         output[:, :k] = torch.where(picks < index.num_visible[:, None], picks, -1)
         return output

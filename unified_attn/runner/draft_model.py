@@ -220,7 +220,11 @@ class DraftModelProposer:
             same += 1
         _truncate(request, same)
         request.append_output_token_ids(tokens[same:])
-        request.num_computed_tokens = min(request.num_computed_tokens, same)
+        # The first draft is the argmax after the last token, so that token is computed again
+        # when the draft cache already holds it: the target took the shadow's first draft
+        # without verifying it (its drafts did not fit the step's budget). Rewriting its slot
+        # stores the same values; the draft pool keeps no prefix cache.
+        request.num_computed_tokens = min(request.num_computed_tokens, same, len(tokens) - 1)
         shadow.num_synced = len(tokens)
         return shadow
 
@@ -250,6 +254,14 @@ class DraftModelProposer:
                 ids = blocks.get_block_ids()
                 batch.append((d, self._entry(d.shadow, num_new, ids, will_sample=last)))
                 budget -= num_new
+            if not batch and waiting:  # never loop without progress
+                raise RuntimeError(
+                    f"draft model {self.name!r}: catch-up made no progress for "
+                    f"{len(waiting)} request(s) ({waiting[0].shadow.request.request_id!r}: "
+                    f"{waiting[0].shadow.request.num_tokens} tokens, "
+                    f"{waiting[0].shadow.request.num_computed_tokens} computed); this is a bug, "
+                    "please report it"
+                )
             self._run(batch)
             started += [d for d, entry in batch if entry.will_sample]
             pending = waiting
