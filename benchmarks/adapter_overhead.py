@@ -40,8 +40,9 @@ from unified_attn.harness.migration import (
     engine_backend_name,
     time_prep_forward,
 )
-from unified_attn.legacy_adapter import resolve_any_backend
+from unified_attn.harness.migration.run import legacy_name
 from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter, per_group_common
+from unified_attn.selector import resolve_backend
 
 MODEL = "tiny-hybrid"
 CONTEXT = 256
@@ -64,7 +65,7 @@ def build_engines(native: str, num_requests: int, device: str, steps: int) -> di
 
 def backend_names(native: str) -> dict[str, str]:
     """What `LLMEngine(backend=...)` takes for the native backend and for its legacy port."""
-    adapter = engine_backend_name(resolve_any_backend(native, legacy=True))
+    adapter = engine_backend_name(resolve_backend(legacy_name(native)))
     return {"native": native, "adapter": adapter}
 
 

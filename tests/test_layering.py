@@ -25,9 +25,9 @@ ALLOWED: dict[str, set[str]] = {
         "backends": "backend selector managers tensor_specs utils",
         "legacy_adapter": "backend selector backends managers tensor_specs utils",
         "models": "backend selector tensor_specs utils",
-        # the engine resolves legacy backend names too (`legacy-reference`, `module:Class`)
-        "runner": "models legacy_adapter backend selector managers tensor_specs request "
-        "sampling_params utils",
+        # legacy backend names resolve in the selector's registry: the engine never imports
+        # the legacy package
+        "runner": "models backend selector managers tensor_specs request sampling_params utils",
         # vLLM's `LLM` over the engine
         "llm": "runner sampling_params utils",
         "harness": "runner models legacy_adapter backends backend selector managers "

@@ -1,8 +1,15 @@
-"""Backend registry and selection.
+"""The one backend registry, and selection.
 
 Backends register with `@register_backend(priority={"cuda": 50, "cpu": 10})`; no table names
 them. `select_backend(cfg)` picks the highest-priority backend whose `validate_configuration`
 returns no reasons; an override is validated and never silently replaced.
+
+Every way of naming a backend resolves here (`resolve_backend`): a registered name; a name
+registered for selection by name only (`register_backend_name`: the legacy ports,
+`legacy-reference` and `legacy-triton`); `module:Class` (the CLI also finds modules in the working
+directory); or a class. A class that is not an `AttentionBackend` is offered to the registered
+class adapters (`register_class_adapter`: the legacy adapter wraps four-class backends), so
+nothing above this module needs to know the legacy package.
 """
 
 from __future__ import annotations
@@ -20,8 +27,13 @@ from unified_attn.tensor_specs import as_dtype
 BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
 
 _REGISTRY: dict[str, tuple[type[AttentionBackend], dict[str, int]]] = {}
-# Modules that register the built-in backends; imported lazily on first selection. A module
-# whose dependencies are missing (Triton off Linux) registers nothing.
+# selected by name only, never automatically
+_NAMED: dict[str, type[AttentionBackend]] = {}
+# class -> an AttentionBackend serving it, or None when the adapter does not take the class
+ClassAdapter = Callable[[type], "type[AttentionBackend] | None"]
+_CLASS_ADAPTERS: list[ClassAdapter] = []
+# Modules that register the built-in backends and adapters; imported lazily on first use. A
+# module whose dependencies are missing (Triton off Linux) registers nothing.
 _BUILTIN_MODULES = (
     "unified_attn.backends.reference",
     "unified_attn.backends.triton",
@@ -29,6 +41,7 @@ _BUILTIN_MODULES = (
     "unified_attn.backends.mla",
     "unified_attn.backends.triton.mla_backend",
     "unified_attn.backends.triton.deepseek_v4_backend",
+    "unified_attn.legacy_adapter.ports",
 )
 
 
@@ -56,6 +69,9 @@ class SelectorConfig:
     # kind of recurrent-state layer ("linear_state"); a backend serves the kinds in its
     # `layer_kinds`.
     layer_kind: str = "attention"
+    # Roles of the layer's other cache users (a layer with several caches): the backend needs
+    # a class for each (`AttentionBackend.cache_user_classes`).
+    cache_users: tuple[str, ...] = ()
 
 
 def register_backend(priority: dict[str, int]) -> Callable[[type], type]:
@@ -68,33 +84,92 @@ def register_backend(priority: dict[str, int]) -> Callable[[type], type]:
     return wrap
 
 
-def registered_backends() -> dict[str, type[AttentionBackend]]:
+def register_backend_name(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+    """Class decorator: `cls.name` selects `cls` by name; it is never chosen automatically."""
+    _NAMED[cls.name] = cls
+    return cls
+
+
+def register_class_adapter(adapter: ClassAdapter) -> None:
+    """`adapter(cls)` returns an `AttentionBackend` class serving a backend class of another
+    interface, or None when it does not take `cls`."""
+    if adapter not in _CLASS_ADAPTERS:
+        _CLASS_ADAPTERS.append(adapter)
+
+
+def _load_builtins() -> None:
     for module in _BUILTIN_MODULES:
         try:
             importlib.import_module(module)
         except ImportError:
             continue
+
+
+def registered_backends() -> dict[str, type[AttentionBackend]]:
+    """The backends automatic selection chooses among, by name."""
+    _load_builtins()
     return {name: cls for name, (cls, _) in _REGISTRY.items()}
 
 
-def resolve_backend(name: str) -> type[AttentionBackend]:
-    """A registered name, or `module:Class` for a backend defined elsewhere."""
-    if ":" in name:
-        module, _, attr = name.partition(":")
-        cls = getattr(importlib.import_module(module), attr)
-        if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
-            raise ValueError(f"{name} is not an AttentionBackend subclass")
+def backend_classes() -> dict[str, type[AttentionBackend]]:
+    """Every backend a bare name selects: the registered ones by name, then those selected by
+    name only."""
+    registered = dict(sorted(registered_backends().items()))
+    return registered | {name: cls for name, cls in _NAMED.items() if name not in registered}
+
+
+def resolve_backend(backend: str | type) -> type[AttentionBackend]:
+    """A name, `module:Class` or a class as an `AttentionBackend` class (a class of another
+    interface adapted); `ValueError` saying what would do."""
+    if isinstance(backend, type):
+        return _as_backend_class(backend, backend.__qualname__)
+    if not isinstance(backend, str):
+        raise ValueError(
+            f"backend {backend!r} is neither a name, module:Class, an AttentionBackend nor a "
+            "LegacyAttentionBackend subclass"
+        )
+    if ":" in backend:
+        return _as_backend_class(_import_class(backend), backend)
+    backends = backend_classes()
+    if backend not in backends:
+        names = ", ".join(backends)
+        raise ValueError(
+            f"unknown attention backend {backend!r}; use one of {names} (see `unified-attn "
+            "backends`) or module:Class"
+        )
+    return backends[backend]
+
+
+def _import_class(name: str) -> object:
+    module, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError as error:
+        raise ValueError(
+            f"cannot import {module!r} for backend {name!r}: {error}; put its directory on "
+            "PYTHONPATH"
+        ) from error
+
+
+def _as_backend_class(cls: object, name: str) -> type[AttentionBackend]:
+    if isinstance(cls, type) and issubclass(cls, AttentionBackend):
         return cls
-    backends = registered_backends()
-    if name not in backends:
-        raise ValueError(f"unknown attention backend {name!r}; valid names: {sorted(backends)}")
-    return backends[name]
+    if isinstance(cls, type):
+        _load_builtins()
+        for adapter in _CLASS_ADAPTERS:
+            adapted = adapter(cls)
+            if adapted is not None:
+                return adapted
+    raise ValueError(f"{name} is neither an AttentionBackend nor a LegacyAttentionBackend subclass")
 
 
 def backend_reasons(cls: type[AttentionBackend], cfg: SelectorConfig) -> list[str]:
     if cfg.layer_kind not in cls.layer_kinds:
         return [f"serves {'/'.join(cls.layer_kinds)} layers, not {cfg.layer_kind}"]
     reasons = list(cls.validate_configuration(cfg))
+    missing = [role for role in cfg.cache_users if role not in cls.cache_user_classes()]
+    if missing:
+        reasons.append(f"has no class for the cache users {missing}")
     if cfg.use_batch_invariant and not cls.supports_batch_invariance():
         reasons.append("does not support batch-invariant mode")
     return reasons
@@ -110,7 +185,7 @@ def select_backend(
     if not cfgs:
         raise ValueError("select_backend needs at least one SelectorConfig")
     if override is not None:
-        cls = override if isinstance(override, type) else resolve_backend(override)
+        cls = resolve_backend(override)
         reasons = [r for c in cfgs for r in backend_reasons(cls, c)]
         if reasons:
             raise ValueError(

@@ -190,13 +190,13 @@ def test_every_complete_entry_is_a_prefix_the_rows_state_the_length_of():
     bound = Bound(backend, [layer("compressed", heads, dim)])
     for positions, _, q, entries, _ in entry_steps(bound, dim, heads):
         entries = torch.empty(0, dim) if entries is None else entries
-        rows = backend.select_rows(bound.layers[0], q, entries)
+        rows = backend.gather_rows(bound.layers[0], q, entries)
         assert rows.lengths is not None
         assert rows.lengths.tolist() == ((positions + 1) // RATE).tolist()
         prefix = torch.arange(rows.visible.shape[1]) < rows.lengths[:, None]
         assert torch.equal(rows.visible, prefix)
         topk = torch.zeros(q.shape[0], 2, dtype=torch.int64)
-        assert backend.select_rows(bound.layers[0], q, entries, topk).lengths is None
+        assert backend.gather_rows(bound.layers[0], q, entries, topk).lengths is None
 
 
 def test_attention_sees_only_the_top_k_entries_it_is_given():
@@ -410,3 +410,49 @@ def test_the_real_flash_shape_wastes_at_most_five_percent_per_group():
     assert sum(len(g.layers) for g in plan.groups) == 43 + 41 * 2 + 21 * 2
     assert sorted({g.block_size for g in plan.groups}) == [16, 32, 512]
     assert max(pages) == plan.bytes_per_block == 704_512
+
+
+# ---- the contract's part for layers with several cache users ------------------------------------
+
+
+def test_a_backend_without_classes_for_every_cache_user_is_refused():
+    from unified_attn.models.deepseek_v4 import CACHE_USER_ROLES
+    from unified_attn.selector import SelectorConfig, select_backend
+
+    class WindowOnly(DeepseekV4WindowBackend):
+        name = "test-v4-window-only"
+
+        @classmethod
+        def cache_user_classes(cls):
+            return {"compressor": super().cache_user_classes()["compressor"]}
+
+    cfg = SelectorConfig(head_size=32, dtype="float32", sliding_window=8,
+                         layer_kind="deepseek_v4", cache_users=CACHE_USER_ROLES)  # fmt: skip
+    assert select_backend(cfg, override=DeepseekV4WindowBackend) is DeepseekV4WindowBackend
+    with pytest.raises(ValueError, match=r"no class for the cache users \['compressed', 'indexer'"):
+        select_backend(cfg, override=WindowOnly)
+    with pytest.raises(ValueError, match="no class for the cache users"):
+        DeepseekV4ForCausalLM(V4_PRESETS["deepseek-v4-like"], WindowOnly, device="meta")
+
+
+def test_the_layer_checks_each_users_capabilities_when_it_is_built():
+    """The model programs against the contract's protocols: a cache user whose backend lacks
+    one is refused by name when the model is built, not in the middle of a step."""
+    from unified_attn.backend import RowSetAttention, RowSource, WindowSource, as_capability
+    from unified_attn.backends.reference import ReferenceAttentionBackend
+
+    swa = DeepseekV4WindowBackend(head_size=32, dtype="float32", sliding_window=8)
+    assert as_capability(swa, RowSource, "swa") is swa
+    assert isinstance(swa, RowSetAttention) and not isinstance(swa, WindowSource)
+    plain = ReferenceAttentionBackend(num_kv_heads=1, head_size=32, dtype="float32")
+    with pytest.raises(TypeError, match=r"ReferenceAttentionBackend \(reference\) cannot serve "
+                                        r"the model.layers.0.self_attn.swa cache user: it does "
+                                        "not implement RowSource"):  # fmt: skip
+        as_capability(plain, RowSource, "model.layers.0.self_attn.swa")
+
+    class NoRows(DeepseekV4WindowBackend):
+        name = "test-v4-no-rows"
+        gather_rows = None  # type: ignore[assignment]
+
+    with pytest.raises(TypeError, match=r"self_attn.swa cache user: it does not implement Row"):
+        DeepseekV4ForCausalLM(V4_PRESETS["deepseek-v4-like"], NoRows, device="meta")

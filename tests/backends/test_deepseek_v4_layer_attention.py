@@ -1,5 +1,5 @@
 """DeepSeek-V4's layer attention on the reference backends: the `swa` user's partial merged with
-another partial and the sinks (`merge_partials`), and `attend_layer`'s one softmax over several
+another partial and the sinks (`merge_partials`), and `attend_row_sets`'s one softmax over several
 users' rows and the sinks, against the dense softmax; its refusals."""
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def test_window_and_compressed_partials_merge_into_one_softmax_with_sinks():
             assert torch.allclose(merged[t], probs.T @ keys, atol=1e-5)
 
 
-def test_attend_layer_is_one_softmax_over_every_row_set_and_the_sinks():
-    # The window's rows (window_rows) and a second set from another cache, as the layer joins
+def test_attend_row_sets_is_one_softmax_over_every_row_set_and_the_sinks():
+    # The window's rows (gather_rows) and a second set from another cache, as the layer joins
     # them: the same result as the dense softmax over both key sets plus the sink logit.
     heads, dim, window = 2, 8, 5
     swa, bound, gen, latents, sinks = window_case(5, heads, dim, window)
@@ -64,14 +64,14 @@ def test_attend_layer_is_one_softmax_over_every_row_set_and_the_sinks():
         n = sum(new)
         q = torch.randn(n, heads, dim, generator=gen)
         kv = rows(new, latents, before)
-        window_rows = swa.window_rows(bound.layers[0], q, kv)
+        window_rows = swa.gather_rows(bound.layers[0], q, kv)
         blocks = torch.randint(0, 3, (n, 4), generator=gen)
         offsets = torch.randint(0, 3, (n, 4), generator=gen)
         visible = torch.rand(n, 4, generator=gen) > 0.3
         blocks[:, -1], visible[:, -1] = 3, False  # the hidden NaN row
         extra = GatheredRows(other, blocks, offsets, visible)
         out = torch.full((n, heads * dim), float("nan"))
-        swa.attend_layer(bound.layers[0], out, q, [window_rows, extra], sinks)
+        swa.attend_row_sets(bound.layers[0], out, q, [window_rows, extra], sinks)
         request = torch.repeat_interleave(torch.arange(2), torch.tensor(new))
         for t, (b, p) in enumerate(zip(request.tolist(), common.positions.tolist(), strict=True)):
             seen = other[blocks[t], offsets[t]][visible[t]]
@@ -81,16 +81,16 @@ def test_attend_layer_is_one_softmax_over_every_row_set_and_the_sinks():
             assert torch.allclose(out[t].view(heads, dim), want, atol=1e-5)
 
 
-def test_attend_layer_refuses_bad_row_sets_and_sinks():
+def test_attend_row_sets_refuses_bad_row_sets_and_sinks():
     swa = DeepseekV4WindowBackend(head_size=8, dtype=F32, sliding_window=4)
     bound = Bound(swa, [layer("swa", 2, 8, 4)])
     bound.step([4, 4])
     q, out = torch.zeros(8, 2, 8), torch.zeros(8, 16)
-    rows_ = swa.window_rows(bound.layers[0], q, torch.zeros(8, 8))
+    rows_ = swa.gather_rows(bound.layers[0], q, torch.zeros(8, 8))
     name = r"layer model\.layers\.0\.self_attn\.swa: "
-    with pytest.raises(ValueError, match=name + "attend_layer needs at least one row set"):
-        swa.attend_layer(bound.layers[0], out, q, [], torch.zeros(2))
+    with pytest.raises(ValueError, match=name + "attend_row_sets needs at least one row set"):
+        swa.attend_row_sets(bound.layers[0], out, q, [], torch.zeros(2))
     with pytest.raises(ValueError, match=name + r"sinks has shape \(3,\), expected \(2,\)"):
-        swa.attend_layer(bound.layers[0], out, q, [rows_], torch.zeros(3))
+        swa.attend_row_sets(bound.layers[0], out, q, [rows_], torch.zeros(3))
     with pytest.raises(ValueError, match=name + r"output has shape \(8, 8\)"):
-        swa.attend_layer(bound.layers[0], out[:, :8], q, [rows_], torch.zeros(2))
+        swa.attend_row_sets(bound.layers[0], out[:, :8], q, [rows_], torch.zeros(2))

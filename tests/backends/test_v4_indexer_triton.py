@@ -89,5 +89,5 @@ def test_bad_inputs_are_refused_naming_the_tensor(change, message):
 
 
 def test_the_triton_backend_scores_with_the_kernel():
-    assert TritonDeepseekV4Backend.indexer_cls is TritonLightningIndexerBackend
+    assert TritonDeepseekV4Backend.cache_user_classes()["indexer"] is TritonLightningIndexerBackend
     assert TritonLightningIndexerBackend.score_entries is indexer_scores

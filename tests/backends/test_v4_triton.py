@@ -206,7 +206,7 @@ def test_the_engine_on_triton_matches_the_reference_backends(checkpoint):
                            dtype="float32")  # fmt: skip
         outputs[backend] = engine.generate(prompts, params)
     assert engine.backend_cls is TritonDeepseekV4Backend
-    assert engine.backend_cls.compressed_cls is TritonCompressedAttentionBackend
+    assert engine.backend_cls.cache_user_classes()["compressed"] is TritonCompressedAttentionBackend
     for ref, got in zip(*outputs.values(), strict=True):
         assert got.output_token_ids == ref.output_token_ids
         assert (got.prompt_logits - ref.prompt_logits).abs().max() < 1e-4

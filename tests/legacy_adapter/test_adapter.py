@@ -7,7 +7,8 @@ import torch
 from tests.backends.batch import fill_cached_tokens, make_batch
 from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import ReferenceAttentionBackend, attend
-from unified_attn.legacy_adapter import LegacyBackendAdapter, resolve_any_backend
+from unified_attn.harness.migration.run import legacy_name
+from unified_attn.legacy_adapter import LegacyBackendAdapter
 from unified_attn.legacy_adapter.layout import to_legacy_layout
 from unified_attn.legacy_adapter.ports import LegacyReferenceAdapter, LegacyReferenceBackend
 from unified_attn.legacy_adapter.ports.triton import LegacyTritonBackend
@@ -17,7 +18,7 @@ from unified_attn.managers import (
     SlidingWindowManager,
 )
 from unified_attn.runner.worker import plan_kv_cache
-from unified_attn.selector import SelectorConfig, registered_backends
+from unified_attn.selector import SelectorConfig, registered_backends, resolve_backend
 from unified_attn.tensor_specs import PagedKVSpec
 
 KW = {"num_kv_heads": 2, "head_size": 8, "dtype": torch.float32}
@@ -169,9 +170,9 @@ def test_construction_by_argument_by_wrap_and_by_name():
     assert LegacyReferenceAdapter.name == "legacy-reference"
     with pytest.raises(ValueError, match="needs a legacy backend class"):
         LegacyBackendAdapter(**KW)
-    assert resolve_any_backend("reference", legacy=True) is LegacyReferenceAdapter
-    assert resolve_any_backend("reference") is ReferenceAttentionBackend
-    wrapped = resolve_any_backend(
+    assert resolve_backend(legacy_name("reference")) is LegacyReferenceAdapter
+    assert resolve_backend("reference") is ReferenceAttentionBackend
+    wrapped = resolve_backend(
         "unified_attn.legacy_adapter.ports.reference:LegacyReferenceBackend"
     )
     assert (
@@ -179,7 +180,7 @@ def test_construction_by_argument_by_wrap_and_by_name():
         and wrapped.legacy_backend is LegacyReferenceBackend
     )
     with pytest.raises(ValueError, match="neither an AttentionBackend"):
-        resolve_any_backend("unified_attn.backend:LayerConfig")
+        resolve_backend("unified_attn.backend:LayerConfig")
 
 
 def test_the_ports_change_nothing_in_the_selector():

@@ -34,11 +34,11 @@ recurrent state, so prefix-cache hits stay right-aligned like any window.
 3. `indexer.forward(layer, topk [T, index_topk] int64, q_idx, entries_idx, entries_idx,
    weights=[T, Hi])`: write the indexer entries, fill the top-k complete entries of every query
    (-1 where fewer exist).
-4. `compressed.select_rows(layer, q, entries, topk)`: write the entries, return the rows of
+4. `compressed.gather_rows(layer, q, entries, topk)`: write the entries, return the rows of
    the selected complete ones (`GatheredRows`: the cache view, block and slot of each row,
    visibility).
-5. `swa.window_rows(layer, q, kv)`: write the token's latent, return its window's rows.
-6. `swa.attend_layer(layer, out, q, [window rows, compressed rows], sinks)`: one softmax over
+5. `swa.gather_rows(layer, q, kv)`: write the token's latent, return its window's rows.
+6. `swa.attend_row_sets(layer, out, q, [window rows, compressed rows], sinks)`: one softmax over
    both sets of rows and the learned sinks (`attend_sets`, the seam a kernel backend
    replaces: the Triton backend runs both sets in one launch on sm90).
 
@@ -67,7 +67,8 @@ last token is computed, in the step that fills its block) and the compressor's w
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -123,15 +124,12 @@ class WindowPlan:
 @register_backend(priority={"cpu": 100, "cuda": 10})
 class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
     """The `swa` cache user: one latent of `head_size` per token (key = value, shared by every
-    head) under the sliding-window manager, and the attention over it. The classes of the
-    layer's other cache users are class attributes, so a kernel backend replaces any of them
-    by subclassing."""
+    head) under the sliding-window manager, and the attention over it (`RowSource`,
+    `RowSetAttention`). The classes of the layer's other cache users come from
+    `cache_user_classes()`, which a kernel backend overrides with its own."""
 
     name = "deepseek-v4-reference"
     layer_kinds = ("deepseek_v4",)
-    compressed_cls: ClassVar[type[AttentionBackend]] = CompressedAttentionBackend
-    indexer_cls: ClassVar[type[AttentionBackend]] = LightningIndexerBackend
-    compressor_cls: ClassVar[type[AttentionBackend]] = CompressorStateBackend
     # the attention over each token's window rows, and the layer's attention over several
     # users' rows with the sinks (a kernel backend replaces them)
     attend_rows = staticmethod(attend_rows)
@@ -153,6 +151,14 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
             problems.append("V4 layers are causal decoder layers without sink tokens")
         if problems:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
+
+    @classmethod
+    def cache_user_classes(cls) -> Mapping[str, type[AttentionBackend]]:
+        return {
+            "compressor": CompressorStateBackend,
+            "compressed": CompressedAttentionBackend,
+            "indexer": LightningIndexerBackend,
+        }
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -208,17 +214,24 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
         if lse is None:
             raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
         check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
-        rows = self.window_rows(layer, query, key)
+        rows = self.gather_rows(layer, query, key)
         out = output.view(n, heads, width)
         self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
                          layer.scale, out, lse)  # fmt: skip
         return output
 
-    def window_rows(
-        self, layer: LayerConfig, query: torch.Tensor, key: torch.Tensor
+    def gather_rows(
+        self,
+        layer: LayerConfig,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        selection: torch.Tensor | None = None,
     ) -> GatheredRows:
-        """Write `key [T, D]` (this step's roped latents) at the group's slots and return the
-        rows each token of `query [T, H, D]` reads: its window of latents."""
+        """`RowSource`: write `key [T, D]` (this step's roped latents) at the group's slots and
+        return the rows each token of `query [T, H, D]` reads: its window of latents (a window
+        takes no `selection`)."""
+        if selection is not None:
+            raise ValueError(f"layer {layer.name}: the window user takes no selection")
         plan = self.current_plan()
         n, heads, width = plan.num_tokens, layer.num_heads, self.head_size
         check_tensor(layer, "query", query, (n, heads, width), self.dtype, query.device)
@@ -228,16 +241,16 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
         write_rows(cache, index.write_blocks, index.write_offsets, key)
         return GatheredRows(cache, index.key_blocks, index.key_offsets, index.key_valid)
 
-    def attend_layer(
+    def attend_row_sets(
         self,
         layer: LayerConfig,
         output: torch.Tensor,
         query: torch.Tensor,
-        row_sets: list[GatheredRows],
+        row_sets: Sequence[GatheredRows],
         sinks: torch.Tensor,
     ) -> torch.Tensor:
-        """The layer's attention: one softmax of `query [T, H, D]` over the rows of every set
-        (this user's `window_rows`, and the `compressed` user's `select_rows` on CSA/HCA
+        """`RowSetAttention`, the layer's attention: one softmax of `query [T, H, D]` over the
+        rows of every set (this user's `gather_rows`, and the `compressed` user's on CSA/HCA
         layers) plus the learned `sinks [H]`, into `output [T, H * D]`."""
         n, heads, width = self.current_plan().num_tokens, layer.num_heads, self.head_size
         device = query.device
@@ -245,7 +258,7 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
         check_tensor(layer, "output", output, (n, heads * width), self.dtype, device)
         check_tensor(layer, "sinks", sinks, (heads,), sinks.dtype, device)
         if not row_sets:
-            raise ValueError(f"layer {layer.name}: attend_layer needs at least one row set")
+            raise ValueError(f"layer {layer.name}: attend_row_sets needs at least one row set")
         self.attend_sets(query, row_sets, layer.scale, sinks, output.view(n, heads, width))
         return output
 

@@ -285,7 +285,7 @@ def _entry_count(layout: StepLayout, max_seq_len: int, rate: int) -> int:
 
 class CompressedAttentionBackend(_CompressedCacheBackend):
     """CSA/HCA: the rows of the request's compressed entries each query reads (all the complete
-    ones, or those a top-k selection names; `select_rows`), which the layer's `swa` user attends
+    ones, or those a top-k selection names; `gather_rows`), which the layer's `swa` user attends
     over together with its window; `forward` attends over them alone (a partial softmax)."""
 
     name = "deepseek-v4-compressed"
@@ -310,22 +310,23 @@ class CompressedAttentionBackend(_CompressedCacheBackend):
         if lse is None:
             raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
         check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
-        rows = self.select_rows(layer, query, key, topk)
+        rows = self.gather_rows(layer, query, key, topk)
         out = output.view(n, heads, width)
         self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
                          layer.scale, out, lse)  # fmt: skip
         return output
 
-    def select_rows(
+    def gather_rows(
         self,
         layer: LayerConfig,
         query: torch.Tensor,
         key: torch.Tensor,
-        topk: torch.Tensor | None = None,
+        selection: torch.Tensor | None = None,
     ) -> GatheredRows:
-        """Write `key` (this step's entries `[N, D]`) and return the rows each token of `query
-        [T, H, D]` reads: every complete entry of its request, or those `topk [T, k]` (int64,
-        -1 = none) names."""
+        """`RowSource`: write `key` (this step's entries `[N, D]`) and return the rows each
+        token of `query [T, H, D]` reads: every complete entry of its request, or those
+        `selection [T, k]` (the indexer's top-k; int64, -1 = none) names."""
+        topk = selection
         plan = self.current_plan()
         self._check_entries(layer, query, key)
         index = plan.groups[self.group_of_layer[layer.name]]

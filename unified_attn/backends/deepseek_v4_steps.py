@@ -3,15 +3,23 @@
 
 Everything here that takes `common` runs in `prep_forward` (host work); `partial_attention`,
 `write_rows`, `attend_rows` and `attend_row_sets` only read device tensors and run in `forward`
-(or the layer's one attention, `DeepseekV4WindowBackend.attend_layer`).
+(or the layer's one attention, `DeepseekV4WindowBackend.attend_row_sets`). `GatheredRows` is
+the contract's (`backend.py`), re-exported here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 
-from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
+from unified_attn.backend import (
+    AttentionBackend,
+    CommonAttentionMetadata,
+    GatheredRows,
+    LayerConfig,
+)
 
 
 @attrs.frozen
@@ -160,21 +168,6 @@ def block_size_of(
 # ---- device math (forward) -------------------------------------------------------------------
 
 
-@attrs.frozen
-class GatheredRows:
-    """The cache rows each query token reads from one cache user: `cache [num_blocks,
-    block_size, D]` (the user's bound view; key = value) at `blocks [T, S]`, `offsets [T, S]`
-    (int64 or int32, one dtype), where `visible [T, S]` (bool)."""
-
-    cache: torch.Tensor
-    blocks: torch.Tensor
-    offsets: torch.Tensor
-    visible: torch.Tensor
-    # [T] int64, optional: rows s >= lengths[t] are hidden (visible says so too), so a kernel
-    # may stop there; set when visibility is a prefix (every complete entry, HCA)
-    lengths: torch.Tensor | None = None
-
-
 def write_rows(
     cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, rows: torch.Tensor
 ) -> None:
@@ -240,7 +233,7 @@ def merge_partials(
 
 def attend_row_sets(
     q: torch.Tensor,
-    row_sets: list[GatheredRows],
+    row_sets: Sequence[GatheredRows],
     scale: float,
     sinks: torch.Tensor,
     out: torch.Tensor,

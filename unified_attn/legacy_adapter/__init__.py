@@ -1,8 +1,9 @@
 """Old four-class backends (Backend + MetadataBuilder + Metadata + Impl) under the one-class
 contract: the legacy interfaces and KV-cache specs, `LegacyBackendAdapter`, and two ports
-(`unified_attn.legacy_adapter.ports`)."""
+(`unified_attn.legacy_adapter.ports`). Importing it registers the adapter with the backend
+registry: wherever a backend is named, a four-class backend class is wrapped."""
 
-from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter
+from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter, adapt_legacy_class
 from unified_attn.legacy_adapter.interfaces import (
     LegacyAttentionBackend,
     LegacyAttentionImpl,
@@ -11,7 +12,6 @@ from unified_attn.legacy_adapter.interfaces import (
     LegacyAttentionMetadataBuilder,
     LegacyCommonAttentionMetadata,
 )
-from unified_attn.legacy_adapter.resolve import resolve_any_backend
 from unified_attn.legacy_adapter.specs import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
@@ -21,6 +21,9 @@ from unified_attn.legacy_adapter.specs import (
     SlidingWindowSpec,
 )
 from unified_attn.legacy_adapter.split import split_spec
+from unified_attn.selector import register_class_adapter
+
+register_class_adapter(adapt_legacy_class)
 
 __all__ = [
     "AttentionSpec",
@@ -36,6 +39,5 @@ __all__ = [
     "LegacyCommonAttentionMetadata",
     "MambaSpec",
     "SlidingWindowSpec",
-    "resolve_any_backend",
     "split_spec",
 ]

@@ -286,3 +286,10 @@ def capability_reasons(legacy: type[LegacyAttentionBackend], cfg: SelectorConfig
     if not legacy.supports_attn_type(cfg.attn_type):
         reasons.append(f"attention type {cfg.attn_type.value} is not supported")
     return reasons
+
+
+def adapt_legacy_class(cls: type) -> type[AttentionBackend] | None:
+    """The registry's class adapter: a four-class backend class wrapped (None for others)."""
+    if issubclass(cls, LegacyAttentionBackend):
+        return LegacyBackendAdapter.wrap(cls)
+    return None

@@ -10,7 +10,7 @@ of which a lightning indexer picks the top `index_topk` per query; HCA layers on
 own backend instance and `(manager, config, spec)` triple (`unified_attn.backends.deepseek_v4`
 states the contract), so the worker plans several KV-cache groups per layer with no
 DeepSeek-specific code. The backends come from one selected class (`layer_kind
-"deepseek_v4"`) and its `compressed_cls`, `indexer_cls` and `compressor_cls`.
+"deepseek_v4"`) and the classes its `cache_user_classes()` names for the other roles.
 
 Parameter names are transformers' own, so a `save_pretrained` checkpoint loads as a state dict
 (`load_deepseek_v4`); RoPE buffers and multi-token-prediction weights are dropped.
@@ -32,6 +32,8 @@ from unified_attn.models.deepseek_v4_layers import SCORES, DeepseekV4DecoderLaye
 from unified_attn.utils import positive, positive_int
 
 LAYER_TYPES = (SLIDING, CSA, HCA)
+# the cache users besides `swa` whose classes a V4 backend names (`cache_user_classes`)
+CACHE_USER_ROLES = ("compressor", "compressed", "indexer")
 MLP_LAYER_TYPES = ("hash_moe", "moe")
 
 
@@ -128,34 +130,37 @@ def make_backends(
     options: dict[str, Any],
 ) -> dict[str, AttentionBackend]:
     """One backend instance per cache-user kind the layers need (`cache_users` names them):
-    the selected class serves `swa`, its `compressed_cls` / `indexer_cls` / `compressor_cls`
-    the others."""
-    missing = [a for a in ("compressed_cls", "indexer_cls", "compressor_cls")
-               if not hasattr(backend_cls, a)]  # fmt: skip
+    the selected class serves `swa`, the classes of its `cache_user_classes()` the roles
+    `CACHE_USER_ROLES` (the contract's "Layers with several cache users")."""
+    roles = backend_cls.cache_user_classes()
+    missing = [role for role in CACHE_USER_ROLES if role not in roles]
     if missing:
         raise ValueError(
-            f"{backend_cls.__name__} is not a DeepSeek-V4 backend: it has no {missing}; use a "
-            "backend of layer kind 'deepseek_v4' (e.g. deepseek-v4-reference)"
+            f"{backend_cls.__name__} is not a DeepSeek-V4 backend: it has no class for the "
+            f"cache users {missing}; use a backend of layer kind 'deepseek_v4' (e.g. "
+            "deepseek-v4-reference)"
         )
     cls = cast(Any, backend_cls)
+    compressor, compressed = cast(Any, roles["compressor"]), cast(Any, roles["compressed"])
+    indexer = cast(Any, roles["indexer"])
     common = dict(num_kv_heads=1, dtype=dtype, **options)
     dim, idx = config.head_dim, config.index_head_dim
     csa, hca = config.csa_compress_rate, config.hca_compress_rate
     backends = {"swa": cls(head_size=dim, sliding_window=config.sliding_window, **common)}
     if config.layer_count(CSA):
-        backends["csa_compressor"] = cls.compressor_cls(
+        backends["csa_compressor"] = compressor(
             head_size=2 * dim, compress_rate=csa, overlap=True, **common
         )
-        backends["csa_compressed"] = cls.compressed_cls(head_size=dim, compress_rate=csa, **common)
-        backends["indexer_compressor"] = cls.compressor_cls(
+        backends["csa_compressed"] = compressed(head_size=dim, compress_rate=csa, **common)
+        backends["indexer_compressor"] = compressor(
             head_size=2 * idx, compress_rate=csa, overlap=True, **common
         )
-        backends["indexer"] = cls.indexer_cls(head_size=idx, compress_rate=csa, **common)
+        backends["indexer"] = indexer(head_size=idx, compress_rate=csa, **common)
     if config.layer_count(HCA):
-        backends["hca_compressor"] = cls.compressor_cls(
+        backends["hca_compressor"] = compressor(
             head_size=dim, compress_rate=hca, overlap=False, **common
         )
-        backends["hca_compressed"] = cls.compressed_cls(head_size=dim, compress_rate=hca, **common)
+        backends["hca_compressed"] = compressed(head_size=dim, compress_rate=hca, **common)
     return backends
 
 

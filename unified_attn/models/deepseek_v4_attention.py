@@ -4,9 +4,11 @@ of the cache users' partial softmaxes with the sinks, and the grouped output pro
 
 The attention layer owns several *cache users* (`CacheUser`: a `LayerConfig` named
 `model.layers.i.self_attn.<user>` and its backend instance); `unified_attn.backends.deepseek_v4`
-states what each backend takes. The `swa` user and (CSA/HCA) the `compressed` user each write
-their rows and return the rows every query reads; the `swa` backend's `attend_layer` runs one
-softmax over both sets and the learned sinks, as transformers does.
+states what each backend takes. The layer programs against the contract only (`backend.py`,
+"Layers with several cache users"): the `swa` user and (CSA/HCA) the `compressed` user are
+`RowSource`s, each writing its rows and returning the rows every query reads; the `swa` user is
+also the `RowSetAttention`, one softmax over both sets and the learned sinks, as transformers
+does; the compressors are `WindowSource`s.
 """
 
 from __future__ import annotations
@@ -17,14 +19,19 @@ import attrs
 import torch
 from torch import nn
 
-from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.backend import (
+    AttentionBackend,
+    GatheredRows,
+    LayerConfig,
+    RowSetAttention,
+    RowSource,
+    WindowSource,
+    as_capability,
+)
 from unified_attn.models.layers import RMSNorm
 from unified_attn.models.rope import rope_attention_scaling, rope_inv_freq
 
 if TYPE_CHECKING:
-    from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
-    from unified_attn.backends.deepseek_v4_compressed import CompressedAttentionBackend
-    from unified_attn.backends.deepseek_v4_steps import GatheredRows
     from unified_attn.models.deepseek_v4 import DeepseekV4Config
 
 SLIDING, CSA, HCA = (
@@ -82,16 +89,16 @@ class WindowCompressor(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.position_bias = nn.Parameter(torch.zeros(rate, width))
         self.kv_norm = v4_norm(head_dim, config.rms_norm_eps)
+        self.windows: WindowSource = as_capability(state.backend, WindowSource, state.layer.name)
 
     def forward(self, hidden: torch.Tensor, rope: Any) -> torch.Tensor:
         """hidden `[T, hidden_size]` -> entries `[N, head_dim]` of the windows closing in this
         step; `rope(positions) -> (cos, sin)` of the compressed branch."""
         kv, gate = self.kv_proj(hidden), self.gate_proj(hidden)
-        backend = cast(Any, self.state.backend)
-        count, starts = backend.closing_windows()
+        count, starts = self.windows.closing_windows()
         span = 2 * self.rate if self.overlap else self.rate
         windows = kv.new_empty(count, 2, span, kv.shape[-1])
-        backend.forward(self.state.layer, windows, kv, kv, gate)
+        self.state.backend.forward(self.state.layer, windows, kv, kv, gate)
         pooled = self.pool(windows[:, 0], windows[:, 1])
         cos, sin = rope(starts)
         return apply_rope(pooled, cos, sin)
@@ -156,6 +163,9 @@ class Compressor(WindowCompressor):
         rate = config.csa_compress_rate if sparse else config.hca_compress_rate
         super().__init__(config, config.head_dim, rate, sparse, users["compressor"])
         self.entries = users["compressed"]
+        self.entry_rows: RowSource = as_capability(
+            self.entries.backend, RowSource, self.entries.layer.name
+        )
         self.indexer = None
         if sparse:
             self.indexer = LightningIndexer(config, users["indexer_compressor"], users["indexer"])
@@ -174,8 +184,7 @@ class Compressor(WindowCompressor):
         topk = None
         if self.indexer is not None:
             topk = self.indexer.select(hidden, q_residual, rope, cos_sin)
-        backend = cast("CompressedAttentionBackend", self.entries.backend)
-        return backend.select_rows(self.entries.layer, q, entries, topk)
+        return self.entry_rows.gather_rows(self.entries.layer, q, entries, topk)
 
 
 # ---- the attention layer ---------------------------------------------------------------------
@@ -277,6 +286,11 @@ class DeepseekV4Attention(nn.Module):
         self.o_b_proj = nn.Linear(groups * config.o_lora_rank, hidden, bias=False)
         self.sinks = nn.Parameter(torch.zeros(heads))
         self.compressor = None if kind == SLIDING else Compressor(config, kind == CSA, self.users)
+        swa = self.users["swa"]
+        self.window_rows: RowSource = as_capability(swa.backend, RowSource, swa.layer.name)
+        self.attention: RowSetAttention = as_capability(
+            swa.backend, RowSetAttention, swa.layer.name
+        )
 
     def forward(
         self, hidden: torch.Tensor, positions: torch.Tensor, rotary: V4Rotary
@@ -289,8 +303,7 @@ class DeepseekV4Attention(nn.Module):
         q = apply_rope(unweighted_rms(q, self.eps), cos, sin)
         kv = apply_rope(self.kv_norm(self.kv_proj(hidden)), cos, sin)  # [T, D]
         swa = self.users["swa"]
-        window = cast("DeepseekV4WindowBackend", swa.backend)
-        row_sets = [window.window_rows(swa.layer, q, kv)]
+        row_sets = [self.window_rows.gather_rows(swa.layer, q, kv)]
         if self.compressor is not None:
 
             def rope(at: torch.Tensor) -> CosSin:
@@ -298,7 +311,7 @@ class DeepseekV4Attention(nn.Module):
 
             row_sets.append(self.compressor.rows(hidden, q, q_residual, rope, (cos, sin)))
         out = q.new_empty(num_tokens, self.heads * self.dim)
-        window.attend_layer(swa.layer, out, q, row_sets, self.sinks)
+        self.attention.attend_row_sets(swa.layer, out, q, row_sets, self.sinks)
         out = apply_rope(out.view(q.shape), cos, -sin)  # undo the rotation the values carry
         grouped = self.o_a_proj(out.reshape(num_tokens, self.groups, -1)).flatten(1)
         return cast(torch.Tensor, self.o_b_proj(grouped))

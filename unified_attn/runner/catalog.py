@@ -21,10 +21,10 @@ from unified_attn.models import (
 )
 from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config
-from unified_attn.runner.backend_names import backend_classes
 from unified_attn.runner.model_source import DEFAULT_MODEL, default_dtype
 from unified_attn.selector import (
     SelectorConfig,
+    backend_classes,
     backend_priorities,
     backend_reasons,
     select_backend,

@@ -1,7 +1,7 @@
 """Turn an engine's `model` argument (a preset name or a checkpoint path) into a model with its
 backend selected, its weights and its tokenizer.
 
-The backend is named as everywhere else (`runner/backend_names.py`) and selected for every
+The backend is named as everywhere else (`selector.resolve_backend`) and selected for every
 distinct attention kind of the model (`selector_configs`).
 """
 
@@ -30,7 +30,11 @@ from unified_attn.models.bert import BertConfig
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_hf import deepseek_config_from_hf, load_deepseek
-from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
+from unified_attn.models.deepseek_v4 import (
+    CACHE_USER_ROLES,
+    DeepseekV4Config,
+    DeepseekV4ForCausalLM,
+)
 from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf, load_deepseek_v4
 from unified_attn.models.hf import config_from_hf, load_hf_model, read_hf_config
 from unified_attn.models.hf_config import encoder_family, is_deepseek_v4, mla_version
@@ -40,9 +44,8 @@ from unified_attn.models.hf_encoders import (
     load_bart,
     load_bert,
 )
-from unified_attn.runner.backend_names import select_engine_backend
 from unified_attn.runner.prompts import ModelKind
-from unified_attn.selector import SelectorConfig, batch_invariant_from_env
+from unified_attn.selector import SelectorConfig, batch_invariant_from_env, select_backend
 from unified_attn.tensor_specs import as_dtype
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
@@ -115,6 +118,7 @@ def selector_configs(
             use_batch_invariant=invariant,
             layer_kind=layer_kind_of(config),
             kv_cache_dtype=engine.kv_cache_dtype,
+            cache_users=CACHE_USER_ROLES if isinstance(config, DeepseekV4Config) else (),
         )
         for head_size, window, chunk, sinks, attn_type in attention_kinds(config)
     ]
@@ -145,7 +149,7 @@ def load_model(engine: Any) -> ModelSource:
     config = model_config(engine.model)
     max_model_len = resolve_max_model_len(engine.max_model_len, config)
     selector_cfgs = selector_configs(config, dtype, engine)
-    backend_cls = select_engine_backend(selector_cfgs, engine.backend)
+    backend_cls = select_backend(selector_cfgs, override=engine.backend)
     options = backend_options(engine, selector_cfgs[0].use_batch_invariant)
     if isinstance(config, (BertConfig, BartConfig)):
         encoder_model, encoder_tokenizer = _load_encoder_model(

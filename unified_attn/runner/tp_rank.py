@@ -27,7 +27,6 @@ from unified_attn.models.tensor_parallel_deepseek import (
     check_deepseek_tensor_parallel,
     shard_deepseek,
 )
-from unified_attn.runner.backend_names import select_engine_backend
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.model_source import (
@@ -41,6 +40,7 @@ from unified_attn.runner.model_source import (
 from unified_attn.runner.speculative import check_speculative_options
 from unified_attn.runner.tp_process_group import rank_device, timeout_s
 from unified_attn.runner.worker import Worker
+from unified_attn.selector import select_backend
 from unified_attn.tensor_specs import as_dtype
 
 
@@ -106,8 +106,8 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
     source = load_model(
         attrs.evolve(on_device, device="cpu", dtype=str(dtype).removeprefix("torch."))
     )
-    backend_cls = select_engine_backend(
-        selector_configs(model_config(config.model), dtype, on_device), config.backend
+    backend_cls = select_backend(
+        selector_configs(model_config(config.model), dtype, on_device), override=config.backend
     )
     options = backend_options(config, config.batch_invariant)
     deepseek = isinstance(source.model, DeepseekForCausalLM | DeepseekV4ForCausalLM)

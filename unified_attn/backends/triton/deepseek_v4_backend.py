@@ -8,7 +8,7 @@ writes, the indexer's top-k and the compressors are the reference backends'.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
@@ -43,10 +43,16 @@ class TritonDeepseekV4Backend(DeepseekV4WindowBackend):
     Triton compressed-entry attention as the layer's `compressed` user."""
 
     name = "triton-deepseek-v4"
-    compressed_cls: ClassVar[type[AttentionBackend]] = TritonCompressedAttentionBackend
-    indexer_cls: ClassVar[type[AttentionBackend]] = TritonLightningIndexerBackend
     attend_rows = staticmethod(gathered_attention)
     attend_sets = staticmethod(gathered_attention_sets)
+
+    @classmethod
+    def cache_user_classes(cls) -> Mapping[str, type[AttentionBackend]]:
+        return {
+            **super().cache_user_classes(),
+            "compressed": TritonCompressedAttentionBackend,
+            "indexer": TritonLightningIndexerBackend,
+        }
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:

@@ -4,6 +4,8 @@ caches): `gathered_attention` (one set of rows, a partial softmax) and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 import triton
@@ -219,7 +221,7 @@ def check_row_cache(what: str, cache: torch.Tensor, width: int) -> None:
 
 def gathered_attention_sets(
     q: torch.Tensor,
-    row_sets: list[GatheredRows],
+    row_sets: Sequence[GatheredRows],
     scale: float,
     sinks: torch.Tensor,
     out: torch.Tensor,

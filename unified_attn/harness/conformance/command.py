@@ -10,7 +10,7 @@ from typing import Any
 from unified_attn.harness.conformance.prepare import positive_int, prepare_cli
 from unified_attn.harness.conformance.report import print_report
 from unified_attn.harness.conformance.run import run_conformance
-from unified_attn.runner.backend_names import resolve_backend_name
+from unified_attn.selector import resolve_backend
 
 
 def add_parser(commands: Any) -> None:
@@ -36,7 +36,7 @@ def add_parser(commands: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     prepare_cli(args.device, args.threads)  # refuses a device this machine lacks, first
-    report = run_conformance(resolve_backend_name(args.backend), args.device, seed=args.seed)
+    report = run_conformance(resolve_backend(args.backend), args.device, seed=args.seed)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -30,12 +30,8 @@ from unified_attn.harness.conformance.mla import CUDA_MLA_CELLS, MLA_GRID, MLACe
 from unified_attn.harness.conformance.oracle import compare_with_oracle
 from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
 from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
-from unified_attn.legacy_adapter import (
-    LegacyAttentionBackend,
-    LegacyBackendAdapter,
-    resolve_any_backend,
-)
-from unified_attn.selector import backend_reasons
+from unified_attn.legacy_adapter import LegacyAttentionBackend
+from unified_attn.selector import backend_reasons, resolve_backend
 
 TOL = {torch.float32: 2e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -78,11 +74,7 @@ def backend_class(
     backend: str | type[AttentionBackend] | type[LegacyAttentionBackend],
 ) -> type[AttentionBackend]:
     """A name or `module:Class` resolved, a legacy class wrapped, a native class as it is."""
-    if isinstance(backend, str):
-        return resolve_any_backend(backend)
-    if issubclass(backend, LegacyAttentionBackend):
-        return LegacyBackendAdapter.wrap(backend)
-    return backend
+    return resolve_backend(backend)
 
 
 AnyCell = AttentionCell | StateCell | InvarianceCell | MLACell

@@ -13,9 +13,9 @@ from unified_attn.harness.migration.compare import DEFAULT_ATOL, compare_outputs
 from unified_attn.harness.migration.engine_run import REQUIRED_COVERAGE, coverage, run_workload
 from unified_attn.harness.migration.timing import host_time
 from unified_attn.harness.migration.workload import Workload, engine_kwargs, kv_budget
-from unified_attn.legacy_adapter import LegacyBackendAdapter, resolve_any_backend
-from unified_attn.runner.backend_names import resolve_backend_name
+from unified_attn.legacy_adapter import LegacyBackendAdapter
 from unified_attn.runner.engine import LLMEngine
+from unified_attn.selector import backend_classes, resolve_backend
 
 
 def run_migration(
@@ -33,8 +33,8 @@ def run_migration(
     """Run both engines on the workload and return the JSON-able report (`report["ok"]`)."""
     workload = workload or Workload()
     classes = {
-        "legacy": resolve_any_backend(legacy, legacy=True),
-        "native": resolve_backend_name(native),
+        "legacy": resolve_backend(legacy_name(legacy)),
+        "native": resolve_backend(native),
     }
     kwargs = engine_kwargs(workload, device, dtype, seed)
     probe = LLMEngine(model, backend=classes["native"], **kwargs)
@@ -86,3 +86,8 @@ def find_failures(
         if not cov[key]
     ]
     return failures
+
+
+def legacy_name(name: str) -> str:
+    """`--legacy x` means the legacy port `legacy-x` when there is one."""
+    return f"legacy-{name}" if f"legacy-{name}" in backend_classes() else name

@@ -1,18 +1,19 @@
 """Two backends ported the four-class way, and their adapters.
 
-`LegacyReferenceAdapter` and `LegacyTritonAdapter` are ordinary `AttentionBackend` classes: pass
-them as `unified_attn.legacy_adapter.ports:LegacyReferenceAdapter` wherever a backend is named
-(`LLMEngine(backend=...)`, the CLI). They are not registered with the selector, so importing this
-module changes no automatic choice and no list of valid names; the harness commands also accept
-their names, `legacy-reference` and `legacy-triton` (see `resolve_any_backend`).
+`LegacyReferenceAdapter` and `LegacyTritonAdapter` are ordinary `AttentionBackend` classes,
+registered by name only (`register_backend_name`): `legacy-reference` and `legacy-triton` name
+them wherever a backend is named (`LLMEngine(backend=...)`, the CLI), and automatic selection
+never picks them.
 """
 
 from __future__ import annotations
 
 from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter
 from unified_attn.legacy_adapter.ports.reference import LegacyReferenceBackend
+from unified_attn.selector import register_backend_name
 
 
+@register_backend_name
 class LegacyReferenceAdapter(LegacyBackendAdapter):
     legacy_backend = LegacyReferenceBackend
     name = "legacy-reference"
@@ -26,6 +27,7 @@ except ImportError:  # pragma: no cover
     pass
 else:
 
+    @register_backend_name
     class LegacyTritonAdapter(LegacyBackendAdapter):
         legacy_backend = LegacyTritonBackend
         name = "legacy-triton"
