@@ -182,7 +182,7 @@ def linear_shapes(engine: LLMEngine) -> list[tuple[str, int, int]]:
 def run_matmuls(engine: LLMEngine, args: argparse.Namespace) -> list[dict[str, Any]]:
     from common import gpu_ms
 
-    from unified_attn.models.invariant import triton_ops
+    from unified_attn.kernels.invariant import invariant_launch as triton_ops
 
     rows = []
     dtype = engine.model.dtype

@@ -1,4 +1,4 @@
-"""Routed experts of one MoE layer: the grouped kernels (`models/grouped_experts.py`) against
+"""Routed experts of one MoE layer: the grouped kernels (`kernels/moe/grouped_experts.py`) against
 torch's grouped GEMM (`torch.nn.functional.grouped_mm`) and the dense form (every expert on
 every token, `RoutedExperts.reference`), same run, with the hardware ceilings measured in it.
 
@@ -46,8 +46,8 @@ from common import (
 )
 
 from unified_attn.harness.bench import machine_info
+from unified_attn.kernels.moe.grouped_experts import GroupedConfig, default_config, grouped_experts
 from unified_attn.models.config import MoEConfig
-from unified_attn.models.grouped_experts import GroupedConfig, default_config, grouped_experts
 from unified_attn.models.moe import Experts, RoutedExperts, swiglu
 
 SHAPES = {

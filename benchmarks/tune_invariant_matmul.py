@@ -19,8 +19,8 @@ import attrs
 import torch
 from common import add_out_argument, gpu_ms, output_dir, write_json
 
-from unified_attn.models.invariant import triton_ops
-from unified_attn.models.invariant.triton_ops import MatmulConfig
+from unified_attn.kernels.invariant import invariant_launch as triton_ops
+from unified_attn.kernels.invariant.invariant_launch import MatmulConfig
 
 SHAPES = [(2048, 2048), (512, 2048), (8192, 2048), (2048, 8192), (32000, 2048)]  # (N, K)
 

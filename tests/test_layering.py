@@ -19,12 +19,13 @@ ALLOWED: dict[str, set[str]] = {
         "request": "",
         "sampling_params": "utils",
         "tensor_specs": "utils",
+        "kernels": "utils",
         "managers": "request utils",
         "backend": "managers tensor_specs utils",
         "selector": "backend tensor_specs utils",
-        "backends": "backend selector managers tensor_specs utils",
-        "legacy_adapter": "backend selector backends managers tensor_specs utils",
-        "models": "backend selector tensor_specs utils",
+        "backends": "backend selector kernels managers tensor_specs utils",
+        "legacy_adapter": "backend selector backends kernels managers tensor_specs utils",
+        "models": "backend selector kernels tensor_specs utils",
         # legacy backend names resolve in the selector's registry: the engine never imports
         # the legacy package
         "runner": "models backend selector managers tensor_specs request sampling_params utils",
@@ -90,3 +91,14 @@ def test_the_package_root_imports_the_public_api_only():
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     parts = {name.split(".")[1] for name in runtime_imports(tree) if "." in name}
     assert "harness" not in parts and "cli" not in parts and "legacy_adapter" not in parts
+
+
+def test_every_kernel_lives_in_the_kernels_package():
+    """`@triton.jit` and Gluon kernels are in `unified_attn/kernels/` and nowhere else."""
+    outside = [
+        str(path.relative_to(PACKAGE))
+        for path in modules()
+        if path.relative_to(PACKAGE).parts[0] != "kernels"
+        and any(mark in path.read_text() for mark in ("@triton.jit", "@gluon.jit", "@jit"))
+    ]
+    assert not outside, f"kernels outside unified_attn/kernels: {outside}"

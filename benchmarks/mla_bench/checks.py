@@ -73,14 +73,14 @@ def compiled_kernels() -> list[dict[str, Any]]:
     """Registers, spills and shared memory of every compiled variant of our kernels (the
     portable one and the Hopper ones; read off Triton's per-device caches: tuning evidence,
     an error entry if that internal layout changes)."""
-    from unified_attn.backends.triton.kernels.mla_attention import mla_attention_kernel
-    from unified_attn.backends.triton.kernels.mla_attention_sm90 import (
+    from unified_attn.kernels.mla.mla_attention import mla_attention_kernel
+    from unified_attn.kernels.mla.mla_attention_sm90 import (
         mla_attention_sm90_kernel,
     )
-    from unified_attn.backends.triton.kernels.mla_decode_sm90_fp8 import (
+    from unified_attn.kernels.mla.mla_decode_sm90_fp8 import (
         mla_decode_sm90_fp8_kernel,
     )
-    from unified_attn.backends.triton.kernels.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel
+    from unified_attn.kernels.mla.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel
 
     records = []
     for kernel in (mla_attention_kernel, mla_attention_sm90_kernel, mla_decode_sm90_ws_kernel,

@@ -21,8 +21,8 @@ from torch import nn
 
 from tests.models.hf_models import FAMILIES, make_family_model, save_hf_model
 from unified_attn import LLMEngine, SamplingParams
+from unified_attn.kernels.invariant import invariant_launch as triton_ops
 from unified_attn.models import PRESETS, LayerKind, MoEConfig, get_preset
-from unified_attn.models.invariant import triton_ops
 from unified_attn.models.invariant.model import make_batch_invariant
 from unified_attn.models.moe import Experts, RoutedExperts
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unified_attn.models.grouped_experts import grouped_experts
+from unified_attn.kernels.moe.grouped_experts import grouped_experts
 from unified_attn.models.moe import RoutedExperts, swiglu
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -1,5 +1,5 @@
 """GPT-OSS, Mixtral, Qwen2-MoE and DeepSeek-V3 checkpoints on the GPU (run through the device
-tool): the experts run grouped (`models/grouped_experts.py`) in eager prefill and in decode
+tool): the experts run grouped (`kernels/moe/grouped_experts.py`) in eager prefill and in decode
 steps replayed from CUDA graphs, and give transformers' greedy tokens and logits in float32
 (the CPU parity tests check the reference path the same way)."""
 

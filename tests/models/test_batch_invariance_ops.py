@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from unified_attn.kernels.invariant import invariant_launch as triton_ops
 from unified_attn.models.invariant import (
     elementwise,
     invariant_linear,
@@ -21,7 +22,6 @@ from unified_attn.models.invariant import (
     rms_norm,
     sigmoid,
     softmax,
-    triton_ops,
 )
 from unified_attn.models.layers import RMSNorm
 

@@ -1,14 +1,14 @@
 """The sort of a mixture's (token, choice) pairs into blocks of one expert each
-(`models/expert_blocks.py`; CPU: the interpreter), by its one Triton program (decode) and by its
-three parallel launches (prefill)."""
+(`kernels/moe/expert_blocks.py`; CPU: the interpreter), by its one Triton program (decode) and
+by its three parallel launches (prefill)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from unified_attn.models import expert_blocks as sorting
-from unified_attn.models.expert_blocks import expert_blocks
+from unified_attn.kernels.moe import expert_blocks as sorting
+from unified_attn.kernels.moe.expert_blocks import expert_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,4 +1,4 @@
-"""The grouped experts kernels (`models/grouped_experts.py`; CPU: the interpreter) against the
+"""The grouped experts kernels (`kernels/moe/grouped_experts.py`; CPU: the interpreter) against the
 dense references `RoutedExperts.reference` (gate and up as row blocks: Mixtral, Qwen2-MoE,
 DeepSeek) and `Experts.reference` (GPT-OSS: interleaved, biases, its activation), which the HF
 parity tests check against transformers."""
@@ -10,13 +10,13 @@ import copy
 import pytest
 import torch
 
-from unified_attn.models import grouped_experts as grouped
-from unified_attn.models.config import MoEConfig
-from unified_attn.models.grouped_experts import (
+from unified_attn.kernels.moe import grouped_experts as grouped
+from unified_attn.kernels.moe.grouped_experts import (
     ExpertWeights,
     GroupedConfig,
     grouped_experts,
 )
+from unified_attn.models.config import MoEConfig
 from unified_attn.models.moe import Experts, RoutedExperts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

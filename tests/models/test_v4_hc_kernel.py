@@ -1,15 +1,16 @@
-"""DeepSeek-V4's hyper-connection weights in one Triton launch (`models/hc_kernels.py`; CPU:
-the interpreter) against the torch reference `deepseek_v4_layers.hc_weights`, which the model
-runs off CUDA and the HF parity tests check against transformers."""
+"""DeepSeek-V4's hyper-connection weights in one Triton launch
+(`kernels/hyper/hyper_connections.py`; CPU: the interpreter) against the torch reference
+`deepseek_v4_layers.hc_weights`, which the model runs off CUDA and the HF parity tests check
+against transformers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from unified_attn.kernels.hyper.hyper_connections import hc_weights as hc_weights_kernel
+from unified_attn.kernels.hyper.hyper_connections import serves_width
 from unified_attn.models.deepseek_v4_layers import hc_weights
-from unified_attn.models.hc_kernels import hc_weights as hc_weights_kernel
-from unified_attn.models.hc_kernels import serves_width
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

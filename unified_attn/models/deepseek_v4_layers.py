@@ -15,14 +15,14 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models import hc_kernels
+from unified_attn.kernels.hyper import hyper_connections as hc_kernels
+from unified_attn.kernels.hyper.hyper_connections import serves_width
 from unified_attn.models.deepseek_v4_attention import (
     DeepseekV4Attention,
     V4Rotary,
     unweighted_rms,
     v4_norm,
 )
-from unified_attn.models.hc_kernels import serves_width
 from unified_attn.models.moe import RoutedExperts, swiglu
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from unified_attn.kernels.moe.grouped_experts import Activation, ExpertWeights, grouped_experts
 from unified_attn.models.config import ModelConfig, MoEConfig
-from unified_attn.models.grouped_experts import Activation, ExpertWeights, grouped_experts
 from unified_attn.models.mlp import MLP
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from unified_attn.backends.triton.kernels.indexer_scores import indexer_scores_kernel
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES
 from unified_attn.backends.triton.v4_ops import INDEX_DTYPES, check_row_cache
+from unified_attn.kernels.sparse.indexer_scores import indexer_scores_kernel
 
 # Entries and warps per program: the fastest of 32 / 64 / 128 / 256 entries with 2 to 16 warps
 # on an H100 at V4's shape (64 heads of 128), decode and prefill alike (benchmarks/README.md).

@@ -9,8 +9,8 @@ import attrs
 import torch
 import triton
 
-from unified_attn.backends.triton.kernels.cache_write import write_kv_cache_kernel
-from unified_attn.backends.triton.kernels.unified_attention import (
+from unified_attn.kernels.attention.cache_write import write_kv_cache_kernel
+from unified_attn.kernels.attention.unified_attention import (
     merge_segments_kernel,
     unified_attention_kernel,
 )

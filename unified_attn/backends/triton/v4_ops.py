@@ -11,17 +11,17 @@ import torch
 import triton
 
 from unified_attn.backends.deepseek_v4_steps import GatheredRows, merge_partials
-from unified_attn.backends.triton.kernels.gathered_attention import gathered_attention_kernel
-from unified_attn.backends.triton.kernels.gathered_attention_sm90 import (
-    gathered_attention_sm90_kernel,
-)
-from unified_attn.backends.triton.kernels.merge_partials import merge_partials_kernel
 from unified_attn.backends.triton.ops import (
     SM90_SHARED_BYTES,
     SUPPORTED_DTYPES,
     is_sm90,
     num_multiprocessors,
     rows_16_byte_aligned,
+)
+from unified_attn.kernels.attention.merge_partials import merge_partials_kernel
+from unified_attn.kernels.sparse.gathered_attention import gathered_attention_kernel
+from unified_attn.kernels.sparse.gathered_attention_sm90 import (
+    gathered_attention_sm90_kernel,
 )
 from unified_attn.utils import int_in, power_of_two
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from unified_attn.models.grouped_experts import (
+from unified_attn.kernels.moe.grouped_experts import (
     Activation,
     ExpertWeights,
     grouped_experts,

@@ -1,10 +1,10 @@
 """Batch-invariant building blocks: a row's result never depends on how many other rows are
 computed with it, nor on where it sits among them.
 
-On CUDA each op is a Triton kernel (`triton_ops.py`) whose tiles and reduction order depend on
-the reduced length only. On the CPU (tests, `--quick` benchmarks) each row goes through a torch
-call whose shapes do not depend on the number of rows, which makes the result per row the
-same by construction:
+On CUDA each op is a Triton kernel (`kernels/invariant/invariant_launch.py`) whose tiles and
+reduction order depend on the reduced length only. On the CPU (tests, `--quick` benchmarks)
+each row goes through a torch call whose shapes do not depend on the number of rows, which
+makes the result per row the same by construction:
 
 - a matmul is a batched product of `[1, K] @ [K, N]` matrices (`torch.bmm` over a stride-0
   view of the weight), so MKL never sees the row count: measured, `F.linear` on MKL is not
@@ -39,7 +39,7 @@ def invariant_matmul(
     """`x [M, K] @ w [K, N] (+ bias [N])` in x's dtype; row i of the result depends on
     `x[i]`, `w` and `bias` only. Accumulates in float32 (CUDA), bias added before rounding."""
     if _on_gpu(x):
-        from unified_attn.models.invariant import triton_ops
+        from unified_attn.kernels.invariant import invariant_launch as triton_ops
 
         return triton_ops.matmul(x, w, bias)
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[0]:
@@ -93,7 +93,7 @@ def rms_norm(
     """`layers.RMSNorm` over the last dimension (same styles: `llama`, `float32`, `gemma`),
     each row on its own."""
     if _on_gpu(x):
-        from unified_attn.models.invariant import triton_ops
+        from unified_attn.kernels.invariant import invariant_launch as triton_ops
 
         return triton_ops.rms_norm(x, weight, eps, style)
     rows = x.reshape(-1, x.shape[-1]).float()
@@ -112,7 +112,7 @@ def layer_norm(
     """LayerNorm over the last dimension (biased variance), float32 inside, each row on its
     own."""
     if _on_gpu(x):
-        from unified_attn.models.invariant import triton_ops
+        from unified_attn.kernels.invariant import invariant_launch as triton_ops
 
         return triton_ops.layer_norm(x, weight, bias, eps)
     rows = x.reshape(-1, x.shape[-1]).float()
@@ -128,7 +128,7 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """`F.normalize(x, dim=-1)`: `x / max(||x||, eps)` with the norm in float32, each row on
     its own."""
     if _on_gpu(x):
-        from unified_attn.models.invariant import triton_ops
+        from unified_attn.kernels.invariant import invariant_launch as triton_ops
 
         return triton_ops.l2_normalize(x, eps)
     rows = x.reshape(-1, x.shape[-1]).float()
@@ -148,7 +148,7 @@ def log_softmax(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
 
 def _softmax(x: torch.Tensor, log: bool, dtype: torch.dtype | None) -> torch.Tensor:
     if _on_gpu(x):
-        from unified_attn.models.invariant import triton_ops
+        from unified_attn.kernels.invariant import invariant_launch as triton_ops
 
         return triton_ops.softmax(x, log=log, dtype=dtype)
     fn = torch.log_softmax if log else torch.softmax

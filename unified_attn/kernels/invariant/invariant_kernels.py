@@ -1,4 +1,4 @@
-"""Triton kernels of the batch-invariant ops (launchers: `triton_ops.py`).
+"""Triton kernels of the batch-invariant ops (launchers: `invariant_launch.py`).
 
 Every kernel computes an output element with the same sequence of operations whatever the
 number of rows: matmul tiles and reduction blocks are chosen from the reduced length (and the

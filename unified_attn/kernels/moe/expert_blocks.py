@@ -1,5 +1,5 @@
 """The (token, choice) pairs of a mixture of experts sorted by expert on the device, in blocks
-of slots of one expert each: what the grouped experts kernels (`models/grouped_experts.py`) run
+of slots of one expert each: what the grouped experts kernels (`kernels/moe/grouped_experts.py`) run
 on.
 
 Each expert's pairs are padded to a multiple of `block_m` slots, so every block belongs to one

@@ -1,4 +1,4 @@
-"""Launchers of the batch-invariant Triton kernels (`kernels.py`): check inputs, pick the
+"""Launchers of the batch-invariant Triton kernels (`invariant_kernels.py`): check inputs, pick the
 tile configuration (its reduction from the reduced length and dtype only, never from the
 number of rows), and launch.
 
@@ -11,7 +11,7 @@ import attrs
 import torch
 import triton
 
-from unified_attn.models.invariant import kernels
+from unified_attn.kernels.invariant import invariant_kernels as kernels
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ROW_BLOCK_MAX = 4096  # longest chunk a row kernel holds at once; longer rows loop

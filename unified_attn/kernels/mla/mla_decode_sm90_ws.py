@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from unified_attn.backends.triton.kernels.mla_attention_sm90 import segment_of
+from unified_attn.kernels.mla.mla_attention_sm90 import segment_of
 
 BH: gl.constexpr = gl.constexpr(64)  # heads per program: the wgmma M side
 TILE: gl.constexpr = gl.constexpr(64)  # keys per tile

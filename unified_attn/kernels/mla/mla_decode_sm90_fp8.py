@@ -31,8 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from unified_attn.backends.triton.kernels.gathered_attention_sm90 import _softmax
-from unified_attn.backends.triton.kernels.mla_attention_sm90 import _finish, segment_of
+from unified_attn.kernels.mla.mla_attention_sm90 import _finish, segment_of
+from unified_attn.kernels.sparse.gathered_attention_sm90 import _softmax
 
 LOG2E = gl.constexpr(1.4426950408889634)
 NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from unified_attn.backends.triton.kernels.gathered_attention_sm90 import _softmax, _store_chunk
+from unified_attn.kernels.sparse.gathered_attention_sm90 import _softmax, _store_chunk
 
 LOG2E = gl.constexpr(1.4426950408889634)
 NUM_WARPS: gl.constexpr = gl.constexpr(8)  # two warpgroups

@@ -6,7 +6,7 @@ with weight 0 where it was not chosen. At DeepSeek-V3's 256 experts with 8 chose
 the matrix work, and a decode step reads every expert's weights. Here, with no host sync and
 shapes that follow from the inputs' alone (so a decode step can be captured in a CUDA graph):
 
-1. `expert_blocks` (`models/expert_blocks.py`) sorts the `T * k` (token, choice) pairs by
+1. `expert_blocks` (`kernels/moe/expert_blocks.py`) sorts the `T * k` (token, choice) pairs by
    expert on the device, in blocks of `block_m` slots of one expert. Blocks past the last
    expert's are marked -1 and their programs return at once.
 2. `gate_up_kernel`: per block and `BLOCK_N` intermediate features, the block's token rows
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from unified_attn.models.expert_blocks import ExpertBlocks, expert_blocks
+from unified_attn.kernels.moe.expert_blocks import ExpertBlocks, expert_blocks
 
 PAIR_BYTES = 2**30  # the most one launch's pair outputs `[T * k, D]` may take
 

@@ -1,0 +1,16 @@
+"""Every Triton and Gluon kernel of the package, by domain; backends and models launch them.
+
+- `attention`: unified paged attention (prefill, decode, mixed), K/V cache writes (fp8 too), the
+  log-sum-exp merge of split-KV partials.
+- `mla`: DeepSeek MLA with weight absorption over a paged latent cache (portable, and Hopper
+  lockstep, warp-specialized and fp8 decode kernels).
+- `sparse`: attention over gathered cache rows (DeepSeek-V4's window and selected compressed
+  entries; portable and Hopper) and the lightning indexer's scores.
+- `moe`: the grouped routed-experts products and the device sort of (token, expert) pairs.
+- `hyper`: DeepSeek-V4's hyper-connection weights.
+- `invariant`: the batch-invariant ops (matmul, norms, softmax) and their launchers.
+
+A jit module holds kernels; the launchers that check inputs, plan tiles and launch live in the
+backends (`backends/triton/*_ops.py`) or beside the kernels where a model calls them directly
+(`moe`, `hyper`, `invariant/invariant_launch.py`). Kernels import nothing from the package.
+"""

@@ -1,0 +1,1 @@
+"""Paged attention kernels: `unified_attention`, `cache_write`, `merge_partials`."""

@@ -1,0 +1,1 @@
+"""Batch-invariant ops: `invariant_kernels` (jit) and `invariant_launch` (launchers)."""
