@@ -29,11 +29,17 @@ ALLOWED: dict[str, set[str]] = {
         # legacy backend names resolve in the selector's registry: the engine never imports
         # the legacy package
         "runner": "models backend selector managers tensor_specs request sampling_params utils",
-        # vLLM's `LLM` over the engine
-        "llm": "runner sampling_params utils",
-        "harness": "runner models legacy_adapter backends backend selector managers "
+        "spec_decode": "runner models backend selector managers tensor_specs request "
+        "sampling_params utils",
+        "distributed": "spec_decode runner models backend selector managers tensor_specs "
+        "request sampling_params utils",
+        "engine": "distributed spec_decode runner models backend selector managers "
         "tensor_specs request sampling_params utils",
-        "cli": "harness runner sampling_params utils",
+        # vLLM's `LLM` over the engine
+        "llm": "engine runner sampling_params utils",
+        "harness": "engine distributed spec_decode runner models legacy_adapter backends "
+        "backend selector managers tensor_specs request sampling_params utils",
+        "cli": "harness engine spec_decode runner sampling_params utils",
     }.items()
 }
 MAY_IMPORT_RICH = {"harness", "cli"}

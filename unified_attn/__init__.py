@@ -26,6 +26,15 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
+from unified_attn.engine.engine_config import EngineConfig
+from unified_attn.engine.llm_engine import LLMEngine
+from unified_attn.engine.outputs import (
+    CompletionOutput,
+    EncodeOutput,
+    Logprob,
+    RequestOutput,
+    StreamDelta,
+)
 from unified_attn.llm import LLM
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
@@ -39,15 +48,6 @@ from unified_attn.managers import (
     StreamingSinkManager,
 )
 from unified_attn.request import Request
-from unified_attn.runner.config import EngineConfig
-from unified_attn.runner.engine import LLMEngine
-from unified_attn.runner.outputs import (
-    CompletionOutput,
-    EncodeOutput,
-    Logprob,
-    RequestOutput,
-    StreamDelta,
-)
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import SelectorConfig, register_backend, select_backend
 from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec

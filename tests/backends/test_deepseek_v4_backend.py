@@ -371,7 +371,7 @@ def test_groups_are_listed_from_the_backends_triples_alone():
 
 
 GENERIC = ["backend.py", "runner/worker.py", "runner/scheduler.py", "runner/model_runner.py",
-           "runner/engine.py", "runner/page_balance.py", "managers"]  # fmt: skip
+           "engine/llm_engine.py", "runner/page_balance.py", "managers"]  # fmt: skip
 
 
 @pytest.mark.parametrize("part", GENERIC)

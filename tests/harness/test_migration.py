@@ -3,13 +3,13 @@
 import pytest
 import torch
 
+from unified_attn.engine.outputs import RequestOutput
 from unified_attn.harness.migration import (
     SMALL_WORKLOAD,
     compare_outputs,
     run_migration,
     source_lines,
 )
-from unified_attn.runner.outputs import RequestOutput
 
 WRONG = "tests.harness.wrong_backends:"
 

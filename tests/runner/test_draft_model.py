@@ -12,7 +12,7 @@ from tests.models.hf_encoder_models import make_hf_bart
 from tests.models.hf_encoder_models import save_hf_model as save_encoder_model
 from tests.models.hf_models import make_hf_model, save_hf_model
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.runner.draft_model import DraftModelProposer
+from unified_attn.spec_decode.draft_model import DraftModelProposer
 
 
 def draft_options(draft_model: str, k: int = 4) -> dict:

@@ -25,8 +25,8 @@ from tests.managers.helpers import walk_free_queue
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import MLA_PRESETS, PRESETS, V4_PRESETS
 from unified_attn.request import RequestStatus
-from unified_attn.runner.draft_model import DraftModelProposer
 from unified_attn.runner.sampler import apply_penalties
+from unified_attn.spec_decode.draft_model import DraftModelProposer
 
 MAX_MODEL_LEN = 128
 ENGINE = dict(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=32, max_num_seqs=6)

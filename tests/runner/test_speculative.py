@@ -9,7 +9,7 @@ import torch
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.request import Request
 from unified_attn.runner.sampler import Sampler
-from unified_attn.runner.speculative import NgramProposer
+from unified_attn.spec_decode.proposers import NgramProposer
 
 SPEC = dict(speculative_method="ngram", num_speculative_tokens=4)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from unified_attn.runner.draft_model import DraftModelProposer
-from unified_attn.runner.engine import LLMEngine
+from unified_attn.engine.llm_engine import LLMEngine
+from unified_attn.spec_decode.draft_model import DraftModelProposer
 
 
 def make_encode_report(

@@ -10,6 +10,8 @@ from typing import Any
 
 from unified_attn.cli.report import print_report
 from unified_attn.cli.workload import NUM_PREFIXES, PREFIX_TOKENS, run_workload
+from unified_attn.engine.engine_config import EVICTION_POLICIES
+from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.harness.conformance.prepare import (
     DTYPES,
     add_cwd_to_path,
@@ -17,11 +19,9 @@ from unified_attn.harness.conformance.prepare import (
     memory_size,
     positive_int,
 )
-from unified_attn.runner.config import EVICTION_POLICIES
-from unified_attn.runner.engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
-from unified_attn.runner.speculative import SPECULATIVE_METHODS
 from unified_attn.sampling_params import SamplingParams
+from unified_attn.spec_decode.proposers import SPECULATIVE_METHODS
 
 
 def add_parser(commands: Any) -> None:

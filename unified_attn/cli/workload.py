@@ -8,7 +8,7 @@ import random
 import time
 
 from unified_attn.cli.report import make_encode_report, make_report
-from unified_attn.runner.engine import LLMEngine
+from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 
 # The workload: every request is one of NUM_PREFIXES shared prefixes (random ids, or the given

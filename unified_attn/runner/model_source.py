@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import torch
@@ -44,10 +44,12 @@ from unified_attn.models.hf_encoders import (
     load_bart,
     load_bert,
 )
-from unified_attn.runner.prompts import ModelKind
 from unified_attn.selector import SelectorConfig, batch_invariant_from_env, select_backend
 from unified_attn.tensor_specs import as_dtype
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
+
+# what a model computes: the engine reads prompts and runs steps by it
+ModelKind = Literal["decoder", "encoder_decoder", "encoder_only"]
 
 DEFAULT_MODEL = "tiny-llama"  # `LLMEngine`'s and `unified-attn run`'s default
 

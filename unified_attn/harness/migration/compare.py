@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from unified_attn.runner.outputs import RequestOutput
+from unified_attn.engine.outputs import RequestOutput
 
 DEFAULT_ATOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 

@@ -7,9 +7,9 @@ import time
 
 import attrs
 
+from unified_attn.engine.llm_engine import LLMEngine
+from unified_attn.engine.outputs import RequestOutput
 from unified_attn.harness.migration.workload import Workload
-from unified_attn.runner.engine import LLMEngine
-from unified_attn.runner.outputs import RequestOutput
 from unified_attn.sampling_params import SamplingParams
 
 REQUIRED_COVERAGE = (

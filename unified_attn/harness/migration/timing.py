@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.runner.engine import LLMEngine
+from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.utils import cdiv
 

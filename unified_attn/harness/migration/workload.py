@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from unified_attn.runner.engine import LLMEngine
+from unified_attn.engine.llm_engine import LLMEngine
 
 
 @attrs.frozen

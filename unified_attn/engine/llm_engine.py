@@ -12,18 +12,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from unified_attn.managers import KVCacheManager
-from unified_attn.managers.events import KVCacheEvent
-from unified_attn.managers.eviction import check_eviction
-from unified_attn.models.invariant import require_batch_invariant
-from unified_attn.request import Request
-from unified_attn.runner.config import EngineConfig, EngineStats, check_engine_options
-from unified_attn.runner.device import resolve_device
-from unified_attn.runner.kv_access import KVCacheAccess
-from unified_attn.runner.model_source import load_model
-from unified_attn.runner.outputs import EncodeOutput, RequestOutput, StreamDelta
-from unified_attn.runner.prompts import PromptReader, RequestIds, as_list, pack_prompts
-from unified_attn.runner.request_intake import (
+from unified_attn.distributed.tp_group import TensorParallelGroup, serve_launched_rank
+from unified_attn.distributed.tp_rank import (
+    agree_on_blocks,
+    make_rank_runner,
+    make_worker,
+    rank_model,
+)
+from unified_attn.engine.engine_config import EngineConfig, EngineStats, check_engine_options
+from unified_attn.engine.outputs import EncodeOutput, RequestOutput, StreamDelta
+from unified_attn.engine.prompts import PromptReader, RequestIds, as_list, pack_prompts
+from unified_attn.engine.request_intake import (
     PreparedPrompt,
     check_params,
     child_ids,
@@ -31,21 +30,22 @@ from unified_attn.runner.request_intake import (
     new_sequence,
     params_per_prompt,
 )
-from unified_attn.runner.request_tracker import RequestTracker
+from unified_attn.engine.request_tracker import RequestTracker
+from unified_attn.engine.sequences import ParentRequest
+from unified_attn.managers import KVCacheManager
+from unified_attn.managers.events import KVCacheEvent
+from unified_attn.managers.eviction import check_eviction
+from unified_attn.models.invariant import require_batch_invariant
+from unified_attn.request import Request
+from unified_attn.runner.device import resolve_device
+from unified_attn.runner.kv_access import KVCacheAccess
+from unified_attn.runner.model_source import load_model
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
-from unified_attn.runner.sequences import ParentRequest
-from unified_attn.runner.speculative import build_drafter, propose_drafts
 from unified_attn.runner.step_inputs import StepResult
-from unified_attn.runner.tensor_parallel import TensorParallelGroup, serve_launched_rank
-from unified_attn.runner.tp_rank import (
-    agree_on_blocks,
-    make_rank_runner,
-    make_worker,
-    rank_model,
-)
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import batch_invariant_from_env
+from unified_attn.spec_decode.proposers import build_drafter, propose_drafts
 
 
 def check_batch_invariant_options(config: EngineConfig) -> None:

@@ -4,7 +4,7 @@ Rank 0's `Mirror` turns a `SchedulerOutput` into a compact `StepMessage`: the re
 other ranks have not seen (`NewRequest`: prompt and sampling parameters), the tokens each
 request gained since the last message, the scheduled entries without their requests (`Entry`
 fields as plain tuples), and the preempted and finished ids. `encode` / `decode` turn a message
-into bytes and back (pickle), which `runner/tensor_parallel.py` broadcasts in one fixed-size
+into bytes and back (pickle), which `distributed/tp_group.py` broadcasts in one fixed-size
 collective when they fit `MESSAGE_BYTES`. Every other rank's `Replica` applies the message to its
 copies of the requests and rebuilds the same `SchedulerOutput`. The two stay in step as long
 as every message rank 0 makes is applied, in order, on every rank.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
-ModelKind = Literal["decoder", "encoder_decoder", "encoder_only"]
+from unified_attn.runner.model_source import ModelKind
 
 DECODER_KEYS = ("prompt", "prompt_token_ids")
 ENCODER_KEYS = ("encoder_prompt", "encoder_prompt_token_ids")

@@ -18,6 +18,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from unified_attn.distributed.tp_process_group import rank_device, timeout_s
 from unified_attn.models.config import ModelConfig
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig
@@ -37,10 +38,9 @@ from unified_attn.runner.model_source import (
     model_config,
     selector_configs,
 )
-from unified_attn.runner.speculative import check_speculative_options
-from unified_attn.runner.tp_process_group import rank_device, timeout_s
 from unified_attn.runner.worker import Worker
 from unified_attn.selector import select_backend
+from unified_attn.spec_decode.proposers import check_speculative_options
 from unified_attn.tensor_specs import as_dtype
 
 

@@ -10,14 +10,14 @@ from typing import Any
 import attrs
 import torch
 
-from unified_attn.request import Request, RequestStatus
-from unified_attn.runner.detokenizer import IncrementalText
-from unified_attn.runner.outputs import (
+from unified_attn.engine.detokenizer import IncrementalText
+from unified_attn.engine.outputs import (
     CompletionOutput,
     Logprob,
     RequestOutput,
     SampleLogprobs,
 )
+from unified_attn.request import Request, RequestStatus
 from unified_attn.runner.sampler import TokenLogprobs
 
 FINISH_REASONS = {

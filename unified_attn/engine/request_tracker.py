@@ -9,16 +9,16 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from unified_attn.request import RequestStatus
-from unified_attn.runner.outputs import RequestOutput, SampleLogprobs, StreamDelta
-from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
-from unified_attn.runner.sequences import (
+from unified_attn.engine.outputs import RequestOutput, SampleLogprobs, StreamDelta
+from unified_attn.engine.sequences import (
     FINISH_REASONS,
     ParentRequest,
     SequenceState,
     gather_logprobs,
     request_output,
 )
+from unified_attn.request import RequestStatus
+from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 
 

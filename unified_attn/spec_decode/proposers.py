@@ -20,10 +20,14 @@ import torch
 
 from unified_attn.managers import StateManager
 from unified_attn.request import Request, RequestStatus
-from unified_attn.runner.draft_model import DraftModelProposer, load_draft_model, split_kv_budget
 from unified_attn.runner.model_source import ModelSource
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import Worker
+from unified_attn.spec_decode.draft_model import (
+    DraftModelProposer,
+    load_draft_model,
+    split_kv_budget,
+)
 from unified_attn.utils import positive_int
 
 SPECULATIVE_METHODS = ("ngram", "draft")

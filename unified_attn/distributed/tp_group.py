@@ -3,10 +3,10 @@
 `LLMEngine(model, tensor_parallel_size=N)` runs rank 0 in the caller's process and spawns ranks
 1..N-1 (`TensorParallelGroup`); all join one process group (gloo on CPU, NCCL on CUDA: rank r
 uses `cuda:r`), and a gloo control group carries the block agreement and the step messages,
-which the other ranks wait for as long as the engine stays idle (`runner/tp_process_group.py`).
+which the other ranks wait for as long as the engine stays idle (`distributed/tp_process_group.py`).
 Every rank builds the same model shard, plans and sizes its own KV cache from its own memory,
-and the ranks agree on the minimum block count with one all-reduce (`runner/tp_rank.py`). Each
-step rank 0 broadcasts a compact `StepMessage` (`runner/tp_messages.py`: new requests, new
+and the ranks agree on the minimum block count with one all-reduce (`distributed/tp_rank.py`). Each
+step rank 0 broadcasts a compact `StepMessage` (`distributed/tp_messages.py`: new requests, new
 tokens, the scheduled entries) and every rank runs its `ModelRunner` on it (`serve_rank`); the
 row-parallel projections all-reduce inside the forward. Only rank 0's sampled tokens are used.
 
@@ -29,8 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unified_attn.runner.scheduler import SchedulerOutput
-from unified_attn.runner.tp_messages import (
+from unified_attn.distributed.tp_messages import (
     MESSAGE_BYTES,
     Mirror,
     Replica,
@@ -38,19 +37,20 @@ from unified_attn.runner.tp_messages import (
     decode,
     encode,
 )
-from unified_attn.runner.tp_process_group import (
+from unified_attn.distributed.tp_process_group import (
     free_port,
     join_group,
     leave_group,
     torchrun_rank,
 )
-from unified_attn.runner.tp_rank import (
+from unified_attn.distributed.tp_rank import (
     agree_on_blocks,
     check_options,
     make_rank_runner,
     make_worker,
     rank_model,
 )
+from unified_attn.runner.scheduler import SchedulerOutput
 
 # ---- ranks 1..N-1 ------------------------------------------------------------------------------
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import attrs
 
+from unified_attn.engine.detokenizer import IncrementalText
+from unified_attn.engine.prompts import ReadPrompt
+from unified_attn.engine.sequences import SequenceState
 from unified_attn.request import Request
-from unified_attn.runner.detokenizer import IncrementalText
-from unified_attn.runner.prompts import ReadPrompt
-from unified_attn.runner.sequences import SequenceState
 from unified_attn.sampling_params import SamplingParams
 
 
