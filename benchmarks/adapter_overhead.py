@@ -28,12 +28,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from common import add_out_argument, command_line, output_dir, table, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    machine_info,
+    output_dir,
+    summary,
+    table,
+    write_json,
+)
 from rich.console import Console
 
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.harness.bench import machine_info, summary
-from unified_attn.harness.conformance import prepare_cli
+from unified_attn.cli.arguments import prepare_cli
 from unified_attn.harness.migration import (
     decode_budget,
     decode_engine,

@@ -37,6 +37,7 @@ import torch
 from common import (
     add_out_argument,
     command_line,
+    machine_info,
     make_console,
     output_dir,
     pyplot,
@@ -48,7 +49,6 @@ from common import (
 )
 
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.harness.bench import machine_info
 from unified_attn.models import LayerKind, MoEConfig
 from unified_attn.models.presets import PRESETS, get_preset
 

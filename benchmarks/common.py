@@ -1,6 +1,7 @@
 """Helpers shared by the benchmark scripts of this directory: the recorded command line, the JSON
-and PNG outputs, rich tables, GPU timing and the prefill launch that the GPU scripts tune and
-profile.
+and PNG outputs, rich tables, GPU timing, the prefill launch that the GPU scripts tune and
+profile, robust summaries (`percentile`, `summary`) and a description of the machine
+(`machine_info`).
 
 The scripts run as `python benchmarks/<script>.py`, so this directory is on `sys.path` and they
 import this module as `common`.
@@ -8,11 +9,17 @@ import this module as `common`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
+import platform
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +66,6 @@ def utc_timestamp() -> str:
 
 def run_header(schema: str, script: str, quick: bool, argv: Sequence[str] | None) -> dict:
     """The fields a CPU benchmark's JSON opens with: schema, mode, command, machine, time."""
-    from unified_attn.harness.bench import machine_info
-
     return {
         "schema": schema,
         "mode": "quick" if quick else "full",
@@ -201,3 +206,72 @@ def sdpa_prefill(case: dict[str, Any], context: int) -> dict[str, Any]:
         except Exception as error:  # a backend that refuses the shape
             peers[name] = {"error": f"{type(error).__name__}: {str(error)[:160]}"}
     return peers
+
+
+# ---- summaries and the machine --------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100])."""
+    data = sorted(values)
+    if not data:
+        return float("nan")
+    pos = (len(data) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "p90": percentile(values, 90),
+        "mean": statistics.fmean(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    cpu_model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    cpu_model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    commit = None
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "torch_version": version("torch"),
+        "unified_attn_version": version("unified_attn"),
+        "git_commit": commit,
+        "gpu": gpu_name(),
+    }
+
+
+def gpu_name() -> str | None:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None

@@ -31,9 +31,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from common import add_out_argument, command_line, output_dir, utc_timestamp, write_json
-
-from unified_attn.harness.bench import machine_info
+from common import (
+    add_out_argument,
+    command_line,
+    machine_info,
+    output_dir,
+    utc_timestamp,
+    write_json,
+)
 
 SCHEMA = "unified_attn.benchmarks.fp8_decode/v1"
 TARGET_RATIO = 1.8  # fp8 / bf16 decode tokens/s at B 64, ctx 32k

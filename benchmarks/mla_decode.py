@@ -19,14 +19,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from common import add_out_argument, command_line, output_dir, utc_timestamp, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    machine_info,
+    output_dir,
+    utc_timestamp,
+    write_json,
+)
 from mla_bench.checks import compiled_kernels, oracle_check
 from mla_bench.config import FULL, QUICK, SCHEMA, SEED, TARGET_TB_S, TOLERANCE
 from mla_bench.report import plot, print_table, shape_line, verdicts
 from mla_bench.shape import bench_shape, tiles_of
 from mla_bench.timing import Bench
-
-from unified_attn.harness.bench import machine_info
 
 # ---- arguments and environment -----------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from attn_bench.timing import time_calls
 from common import (
     add_out_argument,
     command_line,
+    machine_info,
     output_dir,
     pyplot,
     save_figure,
@@ -33,7 +34,6 @@ from common import (
 from rich.console import Console
 
 from unified_attn.backends.mla_math import absorb_query, project_latent_out
-from unified_attn.harness.bench import machine_info
 
 NOPE, LATENT, ROPE, V_HEAD = 128, 512, 64, 128  # DeepSeek-V3
 SHAPES = [(128, 64), (128, 128), (16, 64), (16, 128), (128, 1)]  # (heads, decode tokens)

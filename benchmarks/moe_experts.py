@@ -37,6 +37,7 @@ from common import (
     add_out_argument,
     command_line,
     gpu_ms,
+    machine_info,
     make_console,
     output_dir,
     pyplot,
@@ -45,7 +46,6 @@ from common import (
     write_json,
 )
 
-from unified_attn.harness.bench import machine_info
 from unified_attn.kernels.moe.grouped_experts import GroupedConfig, default_config, grouped_experts
 from unified_attn.models.config import MoEConfig
 from unified_attn.models.moe import Experts, RoutedExperts, swiglu

@@ -32,6 +32,7 @@ import attrs
 from common import (
     add_out_argument,
     command_line,
+    machine_info,
     make_console,
     output_dir,
     pyplot,
@@ -42,7 +43,6 @@ from common import (
 )
 
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.harness.bench import machine_info
 from unified_attn.models import LayerKind
 from unified_attn.models.presets import PRESETS, get_preset
 

@@ -20,10 +20,17 @@ from collections.abc import Sequence
 
 import attrs
 import torch
-from common import add_out_argument, command_line, output_dir, table, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    machine_info,
+    output_dir,
+    summary,
+    table,
+    write_json,
+)
 from rich.console import Console
 
-from unified_attn.harness.bench import machine_info, summary
 from unified_attn.managers import KVCacheManager
 from unified_attn.models import DecoderModel, LayerKind, get_preset
 from unified_attn.request import Request

@@ -26,6 +26,7 @@ import torch
 from common import (
     add_out_argument,
     command_line,
+    machine_info,
     make_console,
     output_dir,
     table,
@@ -35,7 +36,6 @@ from common import (
 from speculative import BENCH_MODEL, register_bench_model
 
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.harness.bench import machine_info
 
 # At import: the spawned ranks import this module again (multiprocessing's spawn) and must know
 # the preset too.

@@ -39,11 +39,17 @@ from typing import Any
 
 import attrs
 import torch
-from common import add_out_argument, command_line, output_dir, utc_timestamp, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    machine_info,
+    output_dir,
+    utc_timestamp,
+    write_json,
+)
 
 from unified_attn.backends.deepseek_v4_steps import partial_attention
 from unified_attn.backends.triton.v4_ops import gathered_attention
-from unified_attn.harness.bench import machine_info
 
 TARGET = 1.5
 

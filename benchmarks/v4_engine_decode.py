@@ -29,6 +29,7 @@ import torch
 from common import (
     add_out_argument,
     command_line,
+    machine_info,
     make_console,
     output_dir,
     pyplot,
@@ -39,7 +40,6 @@ from common import (
 )
 
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.harness.bench import machine_info
 from unified_attn.models import V4_PRESETS
 
 SHAPE = "deepseek-v4-decode-shape"  # the preset this script registers (in this process only)

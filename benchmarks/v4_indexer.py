@@ -26,11 +26,18 @@ import sys
 from typing import Any
 
 import torch
-from common import add_out_argument, command_line, gpu_ms, output_dir, utc_timestamp, write_json
+from common import (
+    add_out_argument,
+    command_line,
+    gpu_ms,
+    machine_info,
+    output_dir,
+    utc_timestamp,
+    write_json,
+)
 
 from unified_attn.backends.deepseek_v4_compressed import index_scores
 from unified_attn.backends.triton.indexer_ops import indexer_scores
-from unified_attn.harness.bench import machine_info
 
 HEADS, WIDTH, RATE, ENTRIES_PER_PAGE = 64, 128, 4, 16
 

@@ -39,7 +39,9 @@ ALLOWED: dict[str, set[str]] = {
         "llm": "engine runner sampling_params utils",
         "harness": "engine distributed spec_decode runner models legacy_adapter backends "
         "backend selector managers tensor_specs request sampling_params utils",
-        "cli": "harness engine spec_decode runner sampling_params utils",
+        # the top: every command
+        "cli": "harness engine distributed spec_decode runner models legacy_adapter backends "
+        "backend selector kernels managers tensor_specs request sampling_params utils",
     }.items()
 }
 MAY_IMPORT_RICH = {"harness", "cli"}
@@ -108,3 +110,13 @@ def test_every_kernel_lives_in_the_kernels_package():
         and any(mark in path.read_text() for mark in ("@triton.jit", "@gluon.jit", "@jit"))
     ]
     assert not outside, f"kernels outside unified_attn/kernels: {outside}"
+
+
+def test_the_harness_is_library_code():
+    """Every command (its argparse parser) is in `cli/`; the harness only offers functions."""
+    parsers = [
+        str(path.relative_to(PACKAGE))
+        for path in modules()
+        if part_of(path) == "harness" and "argparse" in runtime_imports(ast.parse(path.read_text()))
+    ]
+    assert not parsers, f"argument parsing outside cli/: {parsers}"

@@ -22,11 +22,10 @@ from common import (
     WARMUP_MS,
     add_out_argument,
     command_line,
+    machine_info,
     make_console,
     utc_timestamp,
 )
-
-from unified_attn.harness.bench import machine_info
 
 from .config import (
     DTYPE,

@@ -9,7 +9,8 @@ import random
 import statistics
 from typing import Any
 
-from unified_attn.harness.bench import percentile
+from common import percentile
+
 from unified_attn.managers import KVCacheManager
 from unified_attn.request import Request
 

@@ -10,7 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from unified_attn.harness.bench import summary
+from common import summary
+
 from unified_attn.managers import KVCacheManager
 from unified_attn.request import Request
 

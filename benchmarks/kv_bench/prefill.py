@@ -9,7 +9,7 @@ import random
 import statistics
 from typing import Any
 
-from unified_attn.harness.bench import percentile
+from common import percentile
 
 from .config import BLOCK_SIZE, CONFIGS, SEED
 from .workloads import admit, build_requests, make_manager, make_prompts, quiesce

@@ -119,7 +119,7 @@ def test_bad_input_is_one_line_and_exit_code_2(capsys, checkpoint, argv, message
 
 
 def test_png_without_matplotlib_says_how_to_get_it(capsys, monkeypatch):
-    from unified_attn.harness import plan_command as plan
+    from unified_attn.cli import plan
 
     monkeypatch.setattr(plan, "matplotlib_installed", lambda: False)
     assert main(["plan", "--png", "capacity.png"]) == 2
@@ -132,9 +132,9 @@ def test_png_without_matplotlib_says_how_to_get_it(capsys, monkeypatch):
     "argv, target",
     [
         (["run", *FAST], "unified_attn.cli.run.run"),
-        (["check", "reference"], "unified_attn.harness.conformance.command.run_conformance"),
+        (["check", "reference"], "unified_attn.cli.check.run_conformance"),
         (["migrate", "--legacy", "reference", "--native", "reference"],
-         "unified_attn.harness.migration.command.run_migration"),
+         "unified_attn.cli.migrate.run_migration"),
     ],
 )  # fmt: skip
 def test_ctrl_c_is_one_interrupted_line_and_exit_code_130(capsys, monkeypatch, argv, target):

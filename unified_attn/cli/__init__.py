@@ -1,6 +1,6 @@
-"""The `unified-attn` command: `build_parser` (one subcommand per module: `run`, `backends` and
-`models` in this package, `migrate`, `check` and `plan` in the harness) and `main`, the console
-script.
+"""The `unified-attn` command: `build_parser` (one subcommand per module of this package: `run`,
+`plan`, `check`, `migrate`, `backends`, `models`; `arguments` holds the shared argument types)
+and `main`, the console script. The harness is the library these commands drive.
 
 Every `--help` shows the defaults; bad input (a usage error or a `ValueError` from the run) is
 one line on stderr and exit code 2, Ctrl-C one "interrupted" line and exit code 130, never a
@@ -14,10 +14,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
-from unified_attn.cli import backends, models, run
-from unified_attn.harness import plan_command as plan
-from unified_attn.harness.conformance import command as check
-from unified_attn.harness.migration import command as migrate
+from unified_attn.cli import backends, check, migrate, models, plan, run
 
 PROG = "unified-attn"
 EXIT_BAD_INPUT = 2

@@ -8,17 +8,17 @@ import json
 import time
 from typing import Any
 
-from unified_attn.cli.report import print_report
-from unified_attn.cli.workload import NUM_PREFIXES, PREFIX_TOKENS, run_workload
-from unified_attn.engine.engine_config import EVICTION_POLICIES
-from unified_attn.engine.llm_engine import LLMEngine
-from unified_attn.harness.conformance.prepare import (
+from unified_attn.cli.arguments import (
     DTYPES,
     add_cwd_to_path,
     kv_cache_dtype,
     memory_size,
     positive_int,
 )
+from unified_attn.cli.report import print_report
+from unified_attn.cli.workload import NUM_PREFIXES, PREFIX_TOKENS, run_workload
+from unified_attn.engine.engine_config import EVICTION_POLICIES
+from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.spec_decode.proposers import SPECULATIVE_METHODS

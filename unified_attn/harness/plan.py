@@ -8,7 +8,7 @@ Holds the attention shapes of real models (`REAL_SHAPES`, `REAL_MLA_SHAPES`, `RE
 allocation, with the achieved and theoretical ratios), the ideal-allocation helpers
 (`theoretical_ratio`, `v4_theoretical_ratio`, `ideal_tokens`, `fraction_of_gain`) and
 `resolve_model_config` (a model name to its config). Nothing here parses arguments or prints:
-the `unified-attn plan` command is `plan_command.py`.
+the `unified-attn plan` command is `unified_attn/cli/plan.py`.
 
 DeepSeek-V4 models (a preset, `deepseek-v4-flash` or a checkpoint) plan their cache users from
 the model built on the meta device; their comparison keeps one `head_dim` latent per token and

@@ -43,8 +43,8 @@ Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross
 steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
 (the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
 cells), `fp8` (the fp8 cells' oracle and checks), `invariance` (the batch-invariance cells),
-`mla` (the MLA cells), `run` (`run_cell`, `run_conformance`), `report` (`print_report`),
-`prepare` (`prepare_cli`) and `command` (`unified-attn check`).
+`mla` (the MLA cells), `run` (`run_cell`, `run_conformance`) and `report` (`print_report`);
+the `unified-attn check` command is `unified_attn/cli/check.py`.
 """
 
 from unified_attn.harness.conformance.cells import (
@@ -56,7 +56,6 @@ from unified_attn.harness.conformance.cells import (
     Cell,
     CrossCell,
 )
-from unified_attn.harness.conformance.prepare import prepare_cli
 from unified_attn.harness.conformance.report import print_report
 from unified_attn.harness.conformance.run import run_cell, run_conformance
 
@@ -68,7 +67,6 @@ __all__ = [
     "GRID",
     "Cell",
     "CrossCell",
-    "prepare_cli",
     "print_report",
     "run_cell",
     "run_conformance",

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.harness.conformance.prepare import positive_int, prepare_cli
+from unified_attn.cli.arguments import positive_int, prepare_cli
 from unified_attn.harness.conformance.report import print_report
 from unified_attn.harness.conformance.run import run_conformance
 from unified_attn.selector import resolve_backend

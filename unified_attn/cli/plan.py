@@ -13,7 +13,7 @@ import importlib.util
 import json
 from typing import Any
 
-from unified_attn.harness.conformance.prepare import (
+from unified_attn.cli.arguments import (
     DTYPES,
     kv_cache_dtype,
     memory_size,

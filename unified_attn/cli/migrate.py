@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.harness.conformance.prepare import DTYPES, positive_int, prepare_cli
+from unified_attn.cli.arguments import DTYPES, positive_int, prepare_cli
 from unified_attn.harness.migration.report import print_report
 from unified_attn.harness.migration.run import run_migration
 from unified_attn.harness.migration.workload import SMALL_WORKLOAD
