@@ -72,9 +72,15 @@ def test_no_valid_backend_lists_every_backend_with_reasons(picky):
 
 
 def test_batch_invariant_mode_from_the_environment(monkeypatch, picky):
+    # read once, into the engine's config; the selector takes the mode as a value
+    from unified_attn.engine.engine_config import EngineConfig, with_environment
+
     monkeypatch.setenv("UNIFIED_ATTN_BATCH_INVARIANT", "1")
-    cfg = SelectorConfig(head_size=64, dtype=torch.float32)
-    assert cfg.use_batch_invariant
+    assert not SelectorConfig(head_size=64, dtype=torch.float32).use_batch_invariant
+    assert with_environment(EngineConfig()).batch_invariant
+    monkeypatch.setenv("UNIFIED_ATTN_BATCH_INVARIANT", "0")
+    assert not with_environment(EngineConfig()).batch_invariant
+    cfg = SelectorConfig(head_size=64, dtype=torch.float32, use_batch_invariant=True)
     assert select_backend(cfg) is ReferenceAttentionBackend  # picky is not batch invariant
 
 

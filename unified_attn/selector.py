@@ -15,7 +15,6 @@ nothing above this module needs to know the legacy package.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 
 import attrs
@@ -23,8 +22,6 @@ import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType
 from unified_attn.tensor_specs import as_dtype
-
-BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
 
 _REGISTRY: dict[str, tuple[type[AttentionBackend], dict[str, int]]] = {}
 # selected by name only, never automatically
@@ -45,10 +42,6 @@ _BUILTIN_MODULES = (
 )
 
 
-def batch_invariant_from_env() -> bool:
-    return os.environ.get(BATCH_INVARIANT_ENV, "0").lower() in ("1", "true", "yes")
-
-
 @attrs.frozen
 class SelectorConfig:
     """What a backend must support for one attention kind of a model."""
@@ -62,7 +55,7 @@ class SelectorConfig:
     attention_chunk_size: int | None = None
     attn_type: AttentionType = AttentionType.DECODER
     device: str = "cpu"
-    use_batch_invariant: bool = attrs.field(factory=batch_invariant_from_env)
+    use_batch_invariant: bool = False  # the engine's mode (`EngineConfig.batch_invariant`)
     # What the layer computes: "attention" (softmax attention over a KV cache), "mla"
     # (multi-head latent attention over a latent cache, DeepSeek-V2/V3), "deepseek_v4"
     # (DeepSeek-V4's sliding window plus compressed caches, one backend per cache user) or a

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,3 +117,19 @@ class EngineStats:
     @property
     def mean_step_ms(self) -> float:
         return 1e3 * self.step_time_s / self.steps if self.steps else 0.0
+
+
+BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
+
+
+def with_environment(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> EngineConfig:
+    """The one place the package reads the environment for a mode: `UNIFIED_ATTN_BATCH_INVARIANT`
+    set to 1 / true / yes turns batch-invariant mode on. The engine resolves its config with it
+    once; everything below takes the mode as a value."""
+    if not config.batch_invariant and environ.get(BATCH_INVARIANT_ENV, "0").lower() in (
+        "1",
+        "true",
+        "yes",
+    ):
+        return attrs.evolve(config, batch_invariant=True)
+    return config

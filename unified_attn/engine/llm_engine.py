@@ -19,7 +19,12 @@ from unified_attn.distributed.tp_rank import (
     make_worker,
     rank_model,
 )
-from unified_attn.engine.engine_config import EngineConfig, EngineStats, check_engine_options
+from unified_attn.engine.engine_config import (
+    EngineConfig,
+    EngineStats,
+    check_engine_options,
+    with_environment,
+)
 from unified_attn.engine.outputs import EncodeOutput, RequestOutput, StreamDelta
 from unified_attn.engine.prompts import PromptReader, RequestIds, as_list, pack_prompts
 from unified_attn.engine.request_intake import (
@@ -44,7 +49,6 @@ from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
-from unified_attn.selector import batch_invariant_from_env
 from unified_attn.spec_decode.proposers import build_drafter, propose_drafts
 
 
@@ -78,8 +82,8 @@ class LLMEngine(KVCacheAccess):
 
     def __init__(self, model: str = "tiny-llama", **kwargs: Any) -> None:
         check_engine_options(kwargs)
-        self.config = config = EngineConfig(model=model, **kwargs)
-        self.batch_invariant = config.batch_invariant or batch_invariant_from_env()
+        self.config = config = with_environment(EngineConfig(model=model, **kwargs))
+        self.batch_invariant = config.batch_invariant
         if self.batch_invariant:
             check_batch_invariant_options(config)
         self.device = resolve_device(config.device)

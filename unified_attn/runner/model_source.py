@@ -44,7 +44,7 @@ from unified_attn.models.hf_encoders import (
     load_bart,
     load_bert,
 )
-from unified_attn.selector import SelectorConfig, batch_invariant_from_env, select_backend
+from unified_attn.selector import SelectorConfig, select_backend
 from unified_attn.tensor_specs import as_dtype
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
@@ -106,7 +106,7 @@ def selector_configs(
     config: AnyModelConfig, dtype: torch.dtype, engine: Any
 ) -> list[SelectorConfig]:
     """One SelectorConfig per distinct attention kind of the model."""
-    invariant = engine.batch_invariant or batch_invariant_from_env()
+    invariant = engine.batch_invariant
     return [
         SelectorConfig(
             head_size=head_size,
