@@ -10,6 +10,7 @@ import pytest
 
 import unified_attn.backend
 from unified_attn import selector
+from unified_attn.models.families import base as family_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -22,12 +23,14 @@ def python_blocks(text: str) -> list[str]:
 
 @pytest.fixture
 def clean_registry():
-    """Examples may register backends: forget them afterwards."""
+    """Examples may register backends and model families: forget them afterwards."""
     selector.registered_backends()  # the built-ins register on first use: before the copy
     saved = dict(selector._REGISTRY)
+    saved_families = list(family_registry._FAMILIES)
     yield
     selector._REGISTRY.clear()
     selector._REGISTRY.update(saved)
+    family_registry._FAMILIES[:] = saved_families
 
 
 def run_blocks(blocks: list[str], where: str, tmp_path: Path, monkeypatch) -> None:

@@ -7,13 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.harness.plan import REAL_MLA_SHAPES, REAL_SHAPES, REAL_V4_SHAPES
-from unified_attn.runner.catalog import (
-    describe_mla_model,
-    describe_model,
-    describe_models,
-    describe_v4_model,
-)
+from unified_attn.runner.catalog import describe_models, describe_real_shapes
 
 
 def add_parser(commands: Any) -> None:
@@ -28,11 +22,7 @@ def add_parser(commands: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    report = describe_models() | {
-        "real_shapes": [describe_model(config) for config in REAL_SHAPES.values()]
-        + [describe_mla_model(config) for config in REAL_MLA_SHAPES.values()]
-        + [describe_v4_model(config) for config in REAL_V4_SHAPES.values()]
-    }
+    report = describe_models() | {"real_shapes": describe_real_shapes()}
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -26,10 +26,7 @@ from unified_attn.harness.plan import (
     full_capacity,
     resolve_model_config,
 )
-from unified_attn.models import DeepseekV4Config
-from unified_attn.models.deepseek_config import DeepseekConfig
-from unified_attn.models.tensor_parallel import shard_config, shard_plan
-from unified_attn.models.tensor_parallel_deepseek import shard_deepseek_config
+from unified_attn.models.families import family_of
 from unified_attn.runner.memory import format_memory
 from unified_attn.runner.model_source import DEFAULT_MODEL, resolve_max_model_len
 from unified_attn.tensor_specs import as_dtype
@@ -105,15 +102,8 @@ def main(args: Any) -> int:
         require_matplotlib()
     config = resolve_model_config(args.model)
     if args.tensor_parallel_size > 1:  # every rank holds the same shard: plan rank 0's
-        n = args.tensor_parallel_size
-        # DeepSeek's latent caches are replicated: one device's groups, local heads (two
-        # branches: shard_deepseek_config's type variable takes one config type at a time)
-        if isinstance(config, DeepseekConfig):  # noqa: SIM114
-            config = shard_deepseek_config(config, n)
-        elif isinstance(config, DeepseekV4Config):
-            config = shard_deepseek_config(config, n)
-        else:
-            config = shard_config(config, shard_plan(config, 0, n))
+        # the family's shard (DeepSeek's latent caches are replicated: local heads)
+        config = family_of(config).shard_config(config, args.tensor_parallel_size)
     max_model_len = resolve_max_model_len(args.max_model_len, config)
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
                   max_in_flight_tokens=args.max_num_batched_tokens,

@@ -19,15 +19,7 @@ import torch
 import torch.distributed as dist
 
 from unified_attn.distributed.tp_process_group import rank_device, timeout_s
-from unified_attn.models.config import ModelConfig
-from unified_attn.models.deepseek import DeepseekForCausalLM
-from unified_attn.models.deepseek_config import DeepseekConfig
-from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
-from unified_attn.models.tensor_parallel import check_tensor_parallel, shard_decoder
-from unified_attn.models.tensor_parallel_deepseek import (
-    check_deepseek_tensor_parallel,
-    shard_deepseek,
-)
+from unified_attn.models.families import family_of
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.model_source import (
@@ -53,16 +45,7 @@ def check_options(config: Any) -> None:
         return
     timeout_s()  # a bad UNIFIED_ATTN_TP_TIMEOUT_S is refused before any process starts
     model = model_config(config.model)
-    if isinstance(model, DeepseekConfig | DeepseekV4Config):
-        check_deepseek_tensor_parallel(model, n)
-    elif isinstance(model, ModelConfig):
-        check_tensor_parallel(model, n)
-    else:
-        raise ValueError(
-            f"tensor_parallel_size={n}: {config.model!r} is a {type(model).__name__} model; "
-            "tensor parallelism serves decoder-only models (not encoder models yet); run it on "
-            "one device"
-        )
+    family_of(model).check_tensor_parallel(model, n, config.model)
     # Speculative settings, and that a draft model exists (rank 0 loads it whole).
     check_speculative_options(
         config.speculative_method, config.num_speculative_tokens, config.draft_model,
@@ -106,13 +89,12 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
     source = load_model(
         attrs.evolve(on_device, device="cpu", dtype=str(dtype).removeprefix("torch."))
     )
+    model_cfg = model_config(config.model)
     backend_cls = select_backend(
-        selector_configs(model_config(config.model), dtype, on_device), override=config.backend
+        selector_configs(model_cfg, dtype, on_device), override=config.backend
     )
     options = backend_options(config, config.batch_invariant)
-    deepseek = isinstance(source.model, DeepseekForCausalLM | DeepseekV4ForCausalLM)
-    shard: Any = shard_deepseek if deepseek else shard_decoder
-    model = shard(
+    model = family_of(model_cfg).shard(
         source.model,
         rank,
         world_size,

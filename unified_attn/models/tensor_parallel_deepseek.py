@@ -49,14 +49,16 @@ HEAD_ROWS = tuple(
 HEAD_COLUMNS = ("self_attn.o_proj.weight", "self_attn.o_b_proj.weight")  # row-parallel
 
 
-def check_deepseek_tensor_parallel(config: DeepseekConfig | DeepseekV4Config, n: int) -> None:
-    """A `ValueError` naming the field when `n` ranks cannot split this model."""
+def check_deepseek_tensor_parallel(
+    config: DeepseekConfig | DeepseekV4Config, n: int, split: tuple[str, ...]
+) -> None:
+    """A `ValueError` naming the field when `n` ranks cannot split this model: its heads,
+    expert width and the family's other `split` fields (V2/V3: the dense MLP's
+    `intermediate_size`; V4: `o_groups`)."""
     name = f"tensor_parallel_size={n}"
     if n < 1:
         raise ValueError(f"{name}: must be at least 1")
-    fields = ["num_heads", "moe_intermediate_size"]
-    fields += ["intermediate_size"] if isinstance(config, DeepseekConfig) else ["o_groups"]
-    for field in fields:
+    for field in ("num_heads", "moe_intermediate_size", *split):
         size = getattr(config, field)
         if size % n:
             raise ValueError(
@@ -64,15 +66,14 @@ def check_deepseek_tensor_parallel(config: DeepseekConfig | DeepseekV4Config, n:
             )
 
 
-def shard_deepseek_config(config: DeepseekConfigs, world_size: int) -> DeepseekConfigs:
-    """One rank's config: local heads (and output groups), MLP and expert widths, vocabulary
-    rows."""
+def shard_deepseek_config(
+    config: DeepseekConfigs, world_size: int, split: tuple[str, ...]
+) -> DeepseekConfigs:
+    """One rank's config: local heads, expert widths, vocabulary rows and the family's `split`
+    fields (the dense MLP width, or V4's output groups)."""
     n = world_size
-    check_deepseek_tensor_parallel(config, n)
-    if isinstance(config, DeepseekConfig):
-        local: dict[str, Any] = {"intermediate_size": config.intermediate_size // n}
-    else:
-        local = {"o_groups": config.o_groups // n}
+    check_deepseek_tensor_parallel(config, n, split)
+    local: dict[str, Any] = {field: getattr(config, field) // n for field in split}
     return attrs.evolve(
         config,
         num_heads=config.num_heads // n,
@@ -92,11 +93,14 @@ def shard_deepseek(
     all_gather: AllGather,
     backend_cls: type[AttentionBackend],
     device: torch.device | str | None = None,
+    *,
+    split: tuple[str, ...],
     **model_kwargs: Any,
 ) -> DeepseekModels:
-    """Rank `rank`'s shard of `full` (see the module docstring), on `device` (default `full`'s);
-    `model_kwargs` go to the model's constructor (`backend_options`)."""
-    config = shard_deepseek_config(full.config, world_size)
+    """Rank `rank`'s shard of `full` (see the module docstring), on `device` (default `full`'s),
+    splitting the family's `split` fields (`shard_deepseek_config`); `model_kwargs` go to the
+    model's constructor (`backend_options`)."""
+    config = shard_deepseek_config(full.config, world_size, split)
     local: Any = type(full)(
         config,
         backend_cls,

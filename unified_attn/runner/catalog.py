@@ -10,17 +10,8 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models import (
-    MLA_PRESETS,
-    PRESETS,
-    V4_PRESETS,
-    LayerKind,
-    ModelConfig,
-    get_preset,
-    supported_architectures,
-)
-from unified_attn.models.deepseek_config import DeepseekConfig
-from unified_attn.models.deepseek_v4 import DeepseekV4Config
+from unified_attn.models import get_preset, supported_architectures
+from unified_attn.models.families import families, family_of
 from unified_attn.runner.model_source import DEFAULT_MODEL, default_dtype
 from unified_attn.selector import (
     SelectorConfig,
@@ -82,74 +73,22 @@ def automatic_choice(cfg: SelectorConfig) -> type[AttentionBackend] | None:
 # ---- models -----------------------------------------------------------------------------------
 
 
-def describe_layer_kinds(config: ModelConfig) -> str:
-    """`full x2, sliding 32 x2`: each distinct layer kind with its count, in order."""
-    counts: dict[str, int] = {}
-    for kind in config.layer_kinds:
-        label = layer_kind_label(kind)
-        counts[label] = counts.get(label, 0) + 1
-    return ", ".join(f"{label} x{n}" for label, n in counts.items())
-
-
-def layer_kind_label(kind: LayerKind) -> str:
-    label = kind.kind.replace("_", " ")
-    if kind.window is not None:
-        label += f" {kind.window}"
-    if kind.chunk is not None:
-        label += f" {kind.chunk}"
-    if kind.sink_tokens:
-        label += f" + {kind.sink_tokens} sink tokens"
-    if kind.has_sinks:
-        label += " (learned sinks)"
-    return label
-
-
-def describe_model(config: ModelConfig) -> dict[str, Any]:
-    return {
-        "name": config.name,
-        "layers": config.num_layers,
-        "layer_kinds": describe_layer_kinds(config),
-        "heads": f"{config.num_heads} / {config.num_kv_heads} KV x {config.head_size}",
-        "max_position_embeddings": config.max_position_embeddings,
-    }
-
-
-def describe_mla_model(config: DeepseekConfig) -> dict[str, Any]:
-    """`describe_model`'s row for a DeepSeek model: its MLP pattern and latent width."""
-    dense, moe = config.first_k_dense_replace, config.num_layers - config.first_k_dense_replace
-    return {
-        "name": config.name,
-        "layers": config.num_layers,
-        "layer_kinds": f"mla x{config.num_layers} (dense MLP x{dense}, MoE x{moe})",
-        "heads": f"{config.num_heads} / latent {config.kv_lora_rank} + {config.qk_rope_head_dim}",
-        "max_position_embeddings": config.max_position_embeddings,
-    }
-
-
-def describe_v4_model(config: DeepseekV4Config) -> dict[str, Any]:
-    """`describe_model`'s row for a DeepSeek-V4 model: its attention pattern and caches."""
-    kinds = {"sliding_attention": "sliding", "compressed_sparse_attention": "CSA",
-             "heavily_compressed_attention": "HCA"}  # fmt: skip
-    counts: dict[str, int] = {}
-    for kind in config.layer_types:
-        counts[kinds[kind]] = counts.get(kinds[kind], 0) + 1
-    return {
-        "name": config.name,
-        "layers": config.num_layers,
-        "layer_kinds": ", ".join(f"{k} x{n}" for k, n in counts.items())
-        + f" (window {config.sliding_window}, rates {config.csa_compress_rate} / "
-        f"{config.hca_compress_rate})",
-        "heads": f"{config.num_heads} / shared KV x {config.head_dim}",
-        "max_position_embeddings": config.max_position_embeddings,
-    }
+def describe_config(config: Any) -> dict[str, Any]:
+    """A model's row of `unified-attn models`, as its family describes it."""
+    return family_of(config).describe(config)
 
 
 def describe_models() -> dict[str, Any]:
     """The presets (with their layer kinds) and the Hugging Face architectures a checkpoint
     directory may have."""
     return {
-        "presets": [describe_model(config) for config in PRESETS.values()]
-        + [describe_mla_model(config) for config in MLA_PRESETS.values()]
-        + [describe_v4_model(config) for config in V4_PRESETS.values()],
+        "presets": [
+            family.describe(config) for family in families() for config in family.presets.values()
+        ],
         "architectures": supported_architectures(),
     }
+
+
+def describe_real_shapes() -> list[dict[str, Any]]:
+    """The real-model shapes `plan` knows, described by their families."""
+    return [family.describe(config) for family in families() for config in family.shapes.values()]
