@@ -51,7 +51,7 @@ def test_python_blocks_run(path, tmp_path, monkeypatch, clean_registry):
 
 def test_the_example_backend_on_the_contract_runs(tmp_path, monkeypatch, clean_registry):
     (example,) = python_blocks(unified_attn.backend.__doc__ or "")
-    run_blocks([example], "unified_attn/backend.py", tmp_path, monkeypatch)
+    run_blocks([example], "unified_attn/backend/__init__.py", tmp_path, monkeypatch)
     from unified_attn import LLMEngine, SamplingParams
 
     engine = LLMEngine("tiny-llama", backend="value-copy")

@@ -10,6 +10,7 @@ from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.chunked_local import ChunkedLocalAttentionManager
 from unified_attn.managers.config import KVCacheGroup, SchedulerKVCacheConfig
 from unified_attn.managers.cross_attention import CrossAttentionManager
+from unified_attn.managers.default_policy import default_paged_manager
 from unified_attn.managers.full import FullAttentionManager
 from unified_attn.managers.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from unified_attn.managers.sliding_window import SlidingWindowManager
@@ -29,4 +30,5 @@ __all__ = [
     "SlidingWindowManager",
     "StateManager",
     "StreamingSinkManager",
+    "default_paged_manager",
 ]
