@@ -1,96 +1,39 @@
 """unified_attn: one class per attention backend, worker-driven KV-cache allocation, and
 KV-cache managers with vLLM v1 semantics.
 
-The public API, by who uses it:
+The public API is short, in three groups:
 
-- **Running models**: `LLM` (vLLM's offline interface, docs/vllm-api.md), `LLMEngine`,
-  `EngineConfig`, `SamplingParams`, and the outputs `RequestOutput`, `CompletionOutput`,
-  `Logprob`, `StreamDelta` and `EncodeOutput` (encoder-only models' hidden states).
-- **Writing a backend** (the contract is on `AttentionBackend`): `AttentionBackend`,
-  `AttentionType`, `LayerConfig`, `CommonAttentionMetadata`, `CacheConfig`, `register_backend`,
-  `select_backend`, `SelectorConfig`, and the tensor specs `KVCacheTensorSpec`, `PagedKVSpec`,
-  `StateSpec`. Four-class backends go through `unified_attn.legacy_adapter`.
-- **Writing a KV-cache policy**: `SingleTypeKVCacheManager` and the managers to subclass
-  (`FullAttentionManager`, `SlidingWindowManager`, `ChunkedLocalAttentionManager`,
-  `StreamingSinkManager`, `StateManager`, `CrossAttentionManager`), and `KVCacheManager` with
-  `SchedulerKVCacheConfig` and `Request` to drive a policy on its own.
+- **Run a model**: `LLM` (vLLM's offline interface, docs/vllm-api.md), `LLMEngine`,
+  `SamplingParams`, and the outputs `RequestOutput` and `CompletionOutput`.
+- **Write a backend** (the contract is `unified_attn.backend`): `AttentionBackend`,
+  `LayerConfig`, `CommonAttentionMetadata`, `register_backend`.
+- **Write a KV-cache policy**: `SingleTypeKVCacheManager` (subclass it, or a manager such as
+  `SlidingWindowManager`), `PagedKVSpec` (the tensor spec a backend pairs with it) and
+  `KVCacheManager` (to drive a policy on its own).
 
-Everything else is importable from its module (`unified_attn.managers.block_pool`,
-`unified_attn.runner.scheduler`, ...) but is not part of the API.
+Everything else comes from its sub-package: the engine's `EngineConfig`, `Logprob`,
+`StreamDelta` and `EncodeOutput` from `unified_attn.engine`; `AttentionType`, `CacheConfig`
+and the cache-user protocols from `unified_attn.backend`; `select_backend`, `SelectorConfig`
+and the backend registry from `unified_attn.selector`; the managers, `SchedulerKVCacheConfig`
+from `unified_attn.managers`; `KVCacheTensorSpec`, `StateSpec` from
+`unified_attn.tensor_specs`; `Request` from `unified_attn.request`; model families from
+`unified_attn.models.families`.
 """
 
-from unified_attn.backend import (
-    AttentionBackend,
-    AttentionType,
-    CacheConfig,
-    CommonAttentionMetadata,
-    LayerConfig,
-)
-from unified_attn.engine.engine_config import EngineConfig
+from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
 from unified_attn.engine.llm_engine import LLMEngine
-from unified_attn.engine.outputs import (
-    CompletionOutput,
-    EncodeOutput,
-    Logprob,
-    RequestOutput,
-    StreamDelta,
-)
+from unified_attn.engine.outputs import CompletionOutput, RequestOutput
 from unified_attn.llm import LLM
-from unified_attn.managers import (
-    ChunkedLocalAttentionManager,
-    CrossAttentionManager,
-    FullAttentionManager,
-    KVCacheManager,
-    SchedulerKVCacheConfig,
-    SingleTypeKVCacheManager,
-    SlidingWindowManager,
-    StateManager,
-    StreamingSinkManager,
-)
-from unified_attn.request import Request
+from unified_attn.managers import KVCacheManager, SingleTypeKVCacheManager, SlidingWindowManager
 from unified_attn.sampling_params import SamplingParams
-from unified_attn.selector import SelectorConfig, register_backend, select_backend
-from unified_attn.tensor_specs import KVCacheTensorSpec, PagedKVSpec, StateSpec
+from unified_attn.selector import register_backend
+from unified_attn.tensor_specs import PagedKVSpec
 
 __version__ = "0.1.0"
 
-# running models
-__all__ = [
-    "LLM",
-    "CompletionOutput",
-    "EncodeOutput",
-    "EngineConfig",
-    "LLMEngine",
-    "Logprob",
-    "RequestOutput",
-    "SamplingParams",
-    "StreamDelta",
-    "__version__",
-]
-# writing a backend
-__all__ += [
-    "AttentionBackend",
-    "AttentionType",
-    "CacheConfig",
-    "CommonAttentionMetadata",
-    "KVCacheTensorSpec",
-    "LayerConfig",
-    "PagedKVSpec",
-    "SelectorConfig",
-    "StateSpec",
-    "register_backend",
-    "select_backend",
-]
-# writing a KV-cache policy
-__all__ += [
-    "ChunkedLocalAttentionManager",
-    "CrossAttentionManager",
-    "FullAttentionManager",
-    "KVCacheManager",
-    "Request",
-    "SchedulerKVCacheConfig",
-    "SingleTypeKVCacheManager",
-    "SlidingWindowManager",
-    "StateManager",
-    "StreamingSinkManager",
-]
+# run a model
+__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]
+# write a backend
+__all__ += ["AttentionBackend", "CommonAttentionMetadata", "LayerConfig", "register_backend"]
+# write a KV-cache policy
+__all__ += ["KVCacheManager", "PagedKVSpec", "SingleTypeKVCacheManager", "SlidingWindowManager"]
