@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from unified_attn.runner.model_source import ModelKind
+from unified_attn.models.families.base import ModelKind
 
 DECODER_KEYS = ("prompt", "prompt_token_ids")
 ENCODER_KEYS = ("encoder_prompt", "encoder_prompt_token_ids")

@@ -45,7 +45,7 @@ from unified_attn.models.families.decoder_family import all_full
 from unified_attn.models.hf import read_hf_config
 from unified_attn.models.real_shapes import REAL_MLA_SHAPES, REAL_SHAPES, REAL_V4_SHAPES
 from unified_attn.runner.worker import KVCachePlan, plan_kv_cache
-from unified_attn.selector import SelectorConfig, select_backend
+from unified_attn.selector import select_backend
 from unified_attn.tensor_specs import StateSpec
 
 # the real-model shapes live with the models (`models/real_shapes.py`)
@@ -111,22 +111,9 @@ REFERENCE_CLASSES: dict[str, type[AttentionBackend]] = {
 def planning_backend(config: PlanConfig, dtype: torch.dtype, kv_cache_dtype: str) -> type:
     """The backend that serves `config`'s layers on the CPU (the reference of its layer kind):
     only its cache configs are needed."""
-    family = family_of(config)
-    cfgs = [
-        SelectorConfig(
-            head_size=head,
-            dtype=dtype,
-            sliding_window=window,
-            attention_chunk_size=chunk,
-            has_sinks=sinks,
-            attn_type=attn_type,
-            layer_kind=family.layer_kind,
-            cache_users=family.cache_users,
-            kv_cache_dtype=kv_cache_dtype,
-        )
-        for head, window, chunk, sinks, attn_type in family.attention_kinds(config)
-    ]
-    return select_backend(cfgs)
+    return select_backend(
+        family_of(config).selector_configs(config, dtype, kv_cache_dtype=kv_cache_dtype)
+    )
 
 
 def attention_layers(config: PlanConfig, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> list:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
@@ -17,8 +17,8 @@ import torch
 from unified_attn.backend import AttentionBackend
 from unified_attn.models import ByteTokenizer
 from unified_attn.models.families import (
-    AttentionKind,
     ModelFamily,
+    ModelKind,
     family_for_hf,
     family_of,
     family_of_preset,
@@ -28,9 +28,6 @@ from unified_attn.models.families import (
 from unified_attn.models.hf import read_hf_config
 from unified_attn.selector import SelectorConfig, select_backend
 from unified_attn.tensor_specs import as_dtype
-
-# what a model computes: the engine reads prompts and runs steps by it
-ModelKind = Literal["decoder", "encoder_decoder", "encoder_only"]
 
 DEFAULT_MODEL = "tiny-llama"  # `LLMEngine`'s and `unified-attn run`'s default
 
@@ -57,38 +54,19 @@ def default_dtype(device: torch.device) -> torch.dtype:
 AnyModelConfig = Any  # a config of a registered family (`models.families`)
 
 
-def attention_kinds(config: AnyModelConfig) -> list[AttentionKind]:
-    """The distinct attention kinds of a model's layers."""
-    return family_of(config).attention_kinds(config)
-
-
 def selector_configs(
     config: AnyModelConfig, dtype: torch.dtype, engine: Any
 ) -> list[SelectorConfig]:
-    """One SelectorConfig per distinct attention kind of the model."""
-    invariant = engine.batch_invariant
-    return [
-        SelectorConfig(
-            head_size=head_size,
-            dtype=dtype,
-            block_size=engine.block_size,
-            has_sinks=sinks,
-            sliding_window=window,
-            attention_chunk_size=chunk,
-            attn_type=attn_type,
-            device=engine.device,
-            use_batch_invariant=invariant,
-            layer_kind=family_of(config).layer_kind,
-            kv_cache_dtype=engine.kv_cache_dtype,
-            cache_users=family_of(config).cache_users,
-        )
-        for head_size, window, chunk, sinks, attn_type in attention_kinds(config)
-    ]
-
-
-def layer_kind_of(config: AnyModelConfig) -> str:
-    """The `SelectorConfig.layer_kind` a model's attention layers need."""
-    return family_of(config).layer_kind
+    """One SelectorConfig per distinct attention kind of the model, with the engine's
+    device, block size, KV-cache dtype and batch-invariant mode."""
+    return family_of(config).selector_configs(
+        config,
+        dtype,
+        device=engine.device,
+        block_size=engine.block_size,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        use_batch_invariant=engine.batch_invariant,
+    )
 
 
 def backend_options(engine: Any, batch_invariant: bool) -> dict[str, Any]:
@@ -118,7 +96,7 @@ def load_model(engine: Any) -> ModelSource:
                                        device=device, backend_options=options)  # fmt: skip
     return ModelSource(
         model, tokenizer, backend_cls, config.vocab_size, max_model_len, config.eos_token_ids,
-        kind=family.model_kind,  # type: ignore[arg-type]
+        kind=family.model_kind,
         **family.source_fields(config),
     )  # fmt: skip
 

@@ -7,6 +7,7 @@ BART). docs/architecture.md, "Adding a model family"."""
 from unified_attn.models.families.base import (
     AttentionKind,
     ModelFamily,
+    ModelKind,
     families,
     family_for_hf,
     family_of,
@@ -29,6 +30,7 @@ __all__ = [
     "DEEPSEEK_V4",
     "AttentionKind",
     "ModelFamily",
+    "ModelKind",
     "families",
     "family_for_hf",
     "family_of",

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType
+from unified_attn.selector import SelectorConfig
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
+# what a model computes: the engine reads prompts and runs steps by it
+ModelKind = Literal["decoder", "encoder_decoder", "encoder_only"]
 # (head size, window, chunk, learned sinks, attention type): what backend selection needs of
 # one kind of a model's attention layers
 AttentionKind = tuple[int, int | None, int | None, bool, AttentionType]
@@ -29,7 +32,7 @@ class ModelFamily:
 
     name: str = ""
     config_type: type = object  # the family's config class (exact type)
-    model_kind: str = "decoder"  # "decoder", "encoder_decoder" or "encoder_only"
+    model_kind: ModelKind = "decoder"
     layer_kind: str = "attention"  # `SelectorConfig.layer_kind` of its attention layers
     cache_users: tuple[str, ...] = ()  # `SelectorConfig.cache_users`
     presets: Mapping[str, Any] = {}  # preset name -> config (random weights, byte tokenizer)
@@ -49,6 +52,27 @@ class ModelFamily:
 
     def attention_kinds(self, config: Any) -> list[AttentionKind]:
         raise NotImplementedError
+
+    def selector_configs(
+        self, config: Any, dtype: torch.dtype, **fields: Any
+    ) -> list[SelectorConfig]:
+        """One `SelectorConfig` per distinct attention kind, with the family's layer kind and
+        cache users; `fields` (device, block size, KV-cache dtype, batch-invariant mode) as
+        given."""
+        return [
+            SelectorConfig(
+                head_size=head_size,
+                dtype=dtype,
+                sliding_window=window,
+                attention_chunk_size=chunk,
+                has_sinks=sinks,
+                attn_type=attn_type,
+                layer_kind=self.layer_kind,
+                cache_users=self.cache_users,
+                **fields,
+            )
+            for head_size, window, chunk, sinks, attn_type in self.attention_kinds(config)
+        ]
 
     # ---- building and loading --------------------------------------------------------------
 
