@@ -47,7 +47,7 @@ from unified_attn.harness.migration import (
     engine_backend_name,
     time_prep_forward,
 )
-from unified_attn.harness.migration.run import legacy_name
+from unified_attn.harness.migration.migration_run import legacy_name
 from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter, per_group_common
 from unified_attn.selector import resolve_backend
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from unified_attn.backend import CommonAttentionMetadata, LayerConfig
-from unified_attn.backends.deepseek_v4 import (
+from unified_attn.backends.deepseek_v4_window import (
     CompressedAttentionBackend,
     CompressorStateBackend,
     DeepseekV4WindowBackend,
@@ -401,7 +401,7 @@ def test_plan_lists_every_group_with_its_block_size_and_waste(capsys):
 
 
 def test_the_real_flash_shape_wastes_at_most_five_percent_per_group():
-    from unified_attn.harness.plan import REAL_V4_SHAPES, attention_layers
+    from unified_attn.harness.capacity import REAL_V4_SHAPES, attention_layers
 
     flash = REAL_V4_SHAPES["deepseek-v4-flash"]
     plan = plan_kv_cache(attention_layers(flash, torch.bfloat16))

@@ -16,8 +16,8 @@ from tests.backends.test_deepseek_v4_backend import (
     layer,
     rows,
 )
-from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
 from unified_attn.backends.deepseek_v4_steps import GatheredRows, merge_partials
+from unified_attn.backends.deepseek_v4_window import DeepseekV4WindowBackend
 
 
 def window_case(seed: int, heads: int, dim: int, window: int):

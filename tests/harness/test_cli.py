@@ -58,7 +58,7 @@ FAST = ["--num-requests", "2", "--max-tokens", "2", "--json"]
 
 MY_BACKENDS = '''
 from unified_attn.backends.reference import ReferenceAttentionBackend
-from unified_attn.legacy_adapter.ports.reference import LegacyReferenceBackend
+from unified_attn.legacy_adapter.ports.legacy_reference import LegacyReferenceBackend
 
 
 class CwdBackend(ReferenceAttentionBackend):

@@ -22,7 +22,7 @@ SMALL = tuple(CELLS[n] for n in ("mixed", "sliding window 8", "chunked local 16"
         ("legacy-reference", GRID, "cpu"),
         ("triton", GRID, TRITON_DEVICE),
         ("legacy-triton", SMALL, TRITON_DEVICE),
-        ("unified_attn.legacy_adapter.ports.reference:LegacyReferenceBackend", SMALL, "cpu"),
+        ("unified_attn.legacy_adapter.ports.legacy_reference:LegacyReferenceBackend", SMALL, "cpu"),
     ],
 )
 def test_shipped_backends_pass(backend, cells, device):

@@ -9,7 +9,7 @@ import torch
 
 from unified_attn.backends.reference import ReferenceAttentionBackend
 from unified_attn.harness.conformance import FP8_GRID, GRID, run_conformance
-from unified_attn.harness.conformance.run import default_cells
+from unified_attn.harness.conformance.conformance_run import default_cells
 
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -6,7 +6,7 @@ import torch
 
 from unified_attn.backends.mla import MLAReferenceBackend
 from unified_attn.harness.conformance import run_conformance
-from unified_attn.harness.conformance.mla import MLA_GRID
+from unified_attn.harness.conformance.mla_cells import MLA_GRID
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 WINDOW = "mla: sliding window 8"

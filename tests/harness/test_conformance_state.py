@@ -5,7 +5,7 @@ import torch
 
 from unified_attn.backends.linear_state import LinearStateBackend
 from unified_attn.harness.conformance import run_conformance
-from unified_attn.harness.conformance.state import STATE_GRID
+from unified_attn.harness.conformance.state_cells import STATE_GRID
 
 DEVICES = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from unified_attn.harness.plan import REAL_SHAPES, all_full, capacity, compare
+from unified_attn.harness.capacity import REAL_SHAPES, all_full, capacity, compare
 
 GIB = 2**30
 
@@ -151,7 +151,7 @@ def test_plan_for_a_deepseek_v4_rank_keeps_one_devices_caches(capsys):
 
 
 def test_deepseek_v3_plans_one_latent_group_against_per_head_keys_and_values():
-    from unified_attn.harness.plan import REAL_MLA_SHAPES
+    from unified_attn.harness.capacity import REAL_MLA_SHAPES
 
     report = compare(REAL_MLA_SHAPES["deepseek-v3"], 40 * GIB, 32768)
     (group,) = report["hybrid"]["groups"]

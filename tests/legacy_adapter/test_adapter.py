@@ -7,11 +7,11 @@ import torch
 from tests.backends.batch import fill_cached_tokens, make_batch
 from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import ReferenceAttentionBackend, attend
-from unified_attn.harness.migration.run import legacy_name
+from unified_attn.harness.migration.migration_run import legacy_name
 from unified_attn.legacy_adapter import LegacyBackendAdapter
 from unified_attn.legacy_adapter.layout import to_legacy_layout
 from unified_attn.legacy_adapter.ports import LegacyReferenceAdapter, LegacyReferenceBackend
-from unified_attn.legacy_adapter.ports.triton import LegacyTritonBackend
+from unified_attn.legacy_adapter.ports.legacy_triton import LegacyTritonBackend
 from unified_attn.managers import (
     ChunkedLocalAttentionManager,
     FullAttentionManager,
@@ -173,7 +173,7 @@ def test_construction_by_argument_by_wrap_and_by_name():
     assert resolve_backend(legacy_name("reference")) is LegacyReferenceAdapter
     assert resolve_backend("reference") is ReferenceAttentionBackend
     wrapped = resolve_backend(
-        "unified_attn.legacy_adapter.ports.reference:LegacyReferenceBackend"
+        "unified_attn.legacy_adapter.ports.legacy_reference:LegacyReferenceBackend"
     )
     assert (
         issubclass(wrapped, LegacyBackendAdapter)

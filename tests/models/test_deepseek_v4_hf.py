@@ -26,7 +26,7 @@ from tests.models.test_deepseek_hf import (  # the same checks as DeepSeek-V2/V3
     prompts,
 )
 from unified_attn import LLMEngine, SamplingParams
-from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
+from unified_attn.backends.deepseek_v4_window import DeepseekV4WindowBackend
 from unified_attn.models import V4_PRESETS, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_hf import deepseek_v4_config_from_hf, load_deepseek_v4
 from unified_attn.models.hf_config import config_from_hf, read_hf_config

@@ -1,6 +1,6 @@
 """Attention backends implementing the unified contract."""
 
-from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
+from unified_attn.backends.deepseek_v4_window import DeepseekV4WindowBackend
 from unified_attn.backends.mla import MLAReferenceBackend
 from unified_attn.backends.reference import ReferenceAttentionBackend
 

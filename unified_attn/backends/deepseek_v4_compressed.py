@@ -1,7 +1,7 @@
 """DeepSeek-V4's compressed cache users: the compressor's raw-projection window
 (`CompressorStateBackend`), the compressed entries CSA/HCA attend to
 (`CompressedAttentionBackend`) and the lightning indexer's keys (`LightningIndexerBackend`).
-`backends/deepseek_v4.py` states what each one's `forward` takes.
+`backends/deepseek_v4_window.py` states what each one's `forward` takes.
 
 All three enumerate the windows that close in a step in the same order (`closing_windows`: by
 request, then window), so the rows the compressor gathers, the entries the model pools from

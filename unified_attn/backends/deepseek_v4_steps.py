@@ -1,5 +1,5 @@
 """Host-side step layout and plain-torch math shared by DeepSeek-V4's cache users
-(`backends/deepseek_v4.py` states the contract).
+(`backends/deepseek_v4_window.py` states the contract).
 
 Everything here that takes `common` runs in `prep_forward` (host work); `partial_attention`,
 `write_rows`, `attend_rows` and `attend_row_sets` only read device tensors and run in `forward`
@@ -266,7 +266,7 @@ def check_tensor(
     if len(found) != len(shape) or any(e not in (-1, f) for e, f in zip(shape, found, strict=True)):
         raise ValueError(
             f"layer {layer.name}: {what} has shape {found}, expected {shape} (-1: any); see "
-            "unified_attn.backends.deepseek_v4 for what each DeepSeek-V4 cache user takes"
+            "unified_attn.backends.deepseek_v4_window for what each DeepSeek-V4 cache user takes"
         )
     if tensor.dtype != dtype or tensor.device != device:
         raise ValueError(

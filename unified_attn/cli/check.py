@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from unified_attn.cli.arguments import positive_int, prepare_cli
-from unified_attn.harness.conformance.report import print_report
-from unified_attn.harness.conformance.run import run_conformance
+from unified_attn.harness.conformance.conformance_report import print_report
+from unified_attn.harness.conformance.conformance_run import run_conformance
 from unified_attn.selector import resolve_backend
 
 

@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 from unified_attn.cli.arguments import DTYPES, positive_int, prepare_cli
-from unified_attn.harness.migration.report import print_report
-from unified_attn.harness.migration.run import run_migration
-from unified_attn.harness.migration.workload import SMALL_WORKLOAD
+from unified_attn.harness.migration.migration_report import print_report
+from unified_attn.harness.migration.migration_run import run_migration
+from unified_attn.harness.migration.migration_workload import SMALL_WORKLOAD
 
 
 def add_parser(commands: Any) -> None:

@@ -19,7 +19,7 @@ from unified_attn.cli.arguments import (
     memory_size,
     positive_int,
 )
-from unified_attn.harness.plan import (
+from unified_attn.harness.capacity import (
     PlanConfig,
     capacity,
     compare,

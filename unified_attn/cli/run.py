@@ -1,5 +1,5 @@
 """The `unified-attn run` command: its parser, the engine settings and the run; the workload it
-generates for is `cli/workload.py`, its report `cli/report.py`."""
+generates for is `cli/workload.py`, its report `cli/run_report.py`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from unified_attn.cli.arguments import (
     memory_size,
     positive_int,
 )
-from unified_attn.cli.report import print_report
+from unified_attn.cli.run_report import print_report
 from unified_attn.cli.workload import NUM_PREFIXES, PREFIX_TOKENS, run_workload
 from unified_attn.engine.engine_config import EVICTION_POLICIES
 from unified_attn.engine.llm_engine import LLMEngine

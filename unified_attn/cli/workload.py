@@ -7,7 +7,7 @@ import argparse
 import random
 import time
 
-from unified_attn.cli.report import make_encode_report, make_report
+from unified_attn.cli.run_report import make_encode_report, make_report
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.sampling_params import SamplingParams
 

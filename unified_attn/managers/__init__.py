@@ -8,11 +8,11 @@ queue, hashing and the coordinators are internals: import them from their module
 
 from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.chunked_local import ChunkedLocalAttentionManager
-from unified_attn.managers.config import KVCacheGroup, SchedulerKVCacheConfig
 from unified_attn.managers.cross_attention import CrossAttentionManager
 from unified_attn.managers.default_policy import default_paged_manager
 from unified_attn.managers.full import FullAttentionManager
 from unified_attn.managers.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from unified_attn.managers.scheduler_config import KVCacheGroup, SchedulerKVCacheConfig
 from unified_attn.managers.sliding_window import SlidingWindowManager
 from unified_attn.managers.state import MambaManager, StateManager
 from unified_attn.managers.streaming_sink import StreamingSinkManager

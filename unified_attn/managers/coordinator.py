@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from unified_attn.managers.base import SingleTypeKVCacheManager
 from unified_attn.managers.block_pool import BlockPool, KVCacheBlock
-from unified_attn.managers.config import SchedulerKVCacheConfig
 from unified_attn.managers.eviction import EvictionPolicy, GroupLayout
 from unified_attn.managers.hashing import hashes_at_block_size
+from unified_attn.managers.scheduler_config import SchedulerKVCacheConfig
 from unified_attn.request import Request
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]

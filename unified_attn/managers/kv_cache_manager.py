@@ -7,11 +7,11 @@ from collections.abc import Iterable
 import attrs
 
 from unified_attn.managers.block_pool import KVCacheBlock, PrefixCacheStats
-from unified_attn.managers.config import SchedulerKVCacheConfig
 from unified_attn.managers.coordinator import make_coordinator
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import EvictionPolicy
 from unified_attn.managers.hashing import request_block_hasher
+from unified_attn.managers.scheduler_config import SchedulerKVCacheConfig
 from unified_attn.request import Request
 
 

@@ -7,10 +7,11 @@ Every layer attends over a window of `sliding_window` tokens (one shared-KV late
 of which a lightning indexer picks the top `index_topk` per query; HCA layers one entry per
 `hca_compress_rate` tokens, all visible. Each cache is its own *cache user*
 (`model.layers.i.self_attn.{swa,compressor,compressed,indexer_compressor,indexer}`) with its
-own backend instance and `(manager, config, spec)` triple (`unified_attn.backends.deepseek_v4`
-states the contract), so the worker plans several KV-cache groups per layer with no
-DeepSeek-specific code. The backends come from one selected class (`layer_kind
-"deepseek_v4"`) and the classes its `cache_user_classes()` names for the other roles.
+own backend instance and `(manager, config, spec)` triple
+(`unified_attn.backends.deepseek_v4_window` states the contract), so the worker plans several
+KV-cache groups per layer with no DeepSeek-specific code. The backends come from one selected
+class (`layer_kind "deepseek_v4"`) and the classes its `cache_user_classes()` names for the
+other roles.
 
 Parameter names are transformers' own, so a `save_pretrained` checkpoint loads as a state dict
 (`load_deepseek_v4`); RoPE buffers and multi-token-prediction weights are dropped.

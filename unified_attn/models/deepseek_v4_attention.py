@@ -3,9 +3,10 @@ projections, norms and partial RoPE, the CSA/HCA compressors, the lightning inde
 of the cache users' partial softmaxes with the sinks, and the grouped output projection.
 
 The attention layer owns several *cache users* (`CacheUser`: a `LayerConfig` named
-`model.layers.i.self_attn.<user>` and its backend instance); `unified_attn.backends.deepseek_v4`
-states what each backend takes. The layer programs against the contract only (`backend.py`,
-"Layers with several cache users"): the `swa` user and (CSA/HCA) the `compressed` user are
+`model.layers.i.self_attn.<user>` and its backend instance);
+`unified_attn.backends.deepseek_v4_window` states what each backend takes. The layer programs
+against the contract only (`backend/cache_users.py`, "Layers with several cache users"): the
+`swa` user and (CSA/HCA) the `compressed` user are
 `RowSource`s, each writing its rows and returning the rows every query reads; the `swa` user is
 also the `RowSetAttention`, one softmax over both sets and the learned sinks, as transformers
 does; the compressors are `WindowSource`s.

@@ -3,7 +3,7 @@
 from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
 from unified_attn.tensor_specs.latent import CompressedLatentSpec, LatentKVSpec
 from unified_attn.tensor_specs.paged import PagedKVSpec
-from unified_attn.tensor_specs.state import StateSpec
+from unified_attn.tensor_specs.state_spec import StateSpec
 
 __all__ = [
     "CompressedLatentSpec",

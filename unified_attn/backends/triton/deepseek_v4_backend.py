@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.backends.deepseek_v4 import DeepseekV4WindowBackend
 from unified_attn.backends.deepseek_v4_compressed import (
     CompressedAttentionBackend,
     LightningIndexerBackend,
 )
+from unified_attn.backends.deepseek_v4_window import DeepseekV4WindowBackend
 from unified_attn.backends.triton.indexer_ops import indexer_scores
 from unified_attn.backends.triton.ops import platform_reasons
 from unified_attn.backends.triton.v4_ops import gathered_attention, gathered_attention_sets

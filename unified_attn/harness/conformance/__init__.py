@@ -56,8 +56,8 @@ from unified_attn.harness.conformance.cells import (
     Cell,
     CrossCell,
 )
-from unified_attn.harness.conformance.report import print_report
-from unified_attn.harness.conformance.run import run_cell, run_conformance
+from unified_attn.harness.conformance.conformance_report import print_report
+from unified_attn.harness.conformance.conformance_run import run_cell, run_conformance
 
 __all__ = [
     "CROSS_GRID",

@@ -14,10 +14,10 @@ decode step), `run` (`run_migration`), `report` (`print_report`) and `command`
 
 from unified_attn.harness.migration.code_size import source_lines
 from unified_attn.harness.migration.compare import compare_outputs
-from unified_attn.harness.migration.report import print_report
-from unified_attn.harness.migration.run import run_migration
+from unified_attn.harness.migration.migration_report import print_report
+from unified_attn.harness.migration.migration_run import run_migration
+from unified_attn.harness.migration.migration_workload import SMALL_WORKLOAD, Workload
 from unified_attn.harness.migration.timing import decode_budget, decode_engine, time_prep_forward
-from unified_attn.harness.migration.workload import SMALL_WORKLOAD, Workload
 
 __all__ = [
     "SMALL_WORKLOAD",

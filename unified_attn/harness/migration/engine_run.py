@@ -9,7 +9,7 @@ import attrs
 
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.engine.outputs import RequestOutput
-from unified_attn.harness.migration.workload import Workload
+from unified_attn.harness.migration.migration_workload import Workload
 from unified_attn.sampling_params import SamplingParams
 
 REQUIRED_COVERAGE = (

@@ -9,7 +9,7 @@ never picks them.
 from __future__ import annotations
 
 from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter
-from unified_attn.legacy_adapter.ports.reference import LegacyReferenceBackend
+from unified_attn.legacy_adapter.ports.legacy_reference import LegacyReferenceBackend
 from unified_attn.selector import register_backend_name
 
 
@@ -22,7 +22,7 @@ class LegacyReferenceAdapter(LegacyBackendAdapter):
 __all__ = ["LegacyReferenceAdapter", "LegacyReferenceBackend"]
 
 try:  # Triton is Linux-only: without it only the reference port exists.
-    from unified_attn.legacy_adapter.ports.triton import LegacyTritonBackend
+    from unified_attn.legacy_adapter.ports.legacy_triton import LegacyTritonBackend
 except ImportError:  # pragma: no cover
     pass
 else:

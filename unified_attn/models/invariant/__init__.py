@@ -2,12 +2,7 @@
 of the batch (`ops`, Triton kernels on CUDA), and the switch that swaps a `DecoderModel`'s
 modules for them (`model`). See docs/batch-invariance.md."""
 
-from unified_attn.models.invariant.model import (
-    batch_invariance_problems,
-    make_batch_invariant,
-    require_batch_invariant,
-)
-from unified_attn.models.invariant.ops import (
+from unified_attn.models.invariant.invariant_ops import (
     elementwise,
     invariant_linear,
     invariant_matmul,
@@ -17,6 +12,11 @@ from unified_attn.models.invariant.ops import (
     rms_norm,
     sigmoid,
     softmax,
+)
+from unified_attn.models.invariant.model import (
+    batch_invariance_problems,
+    make_batch_invariant,
+    require_batch_invariant,
 )
 
 __all__ = [

@@ -19,7 +19,7 @@ from unified_attn.kernels.moe.grouped_experts import (
     grouped_experts,
     invariant_config,
 )
-from unified_attn.models.invariant.ops import (
+from unified_attn.models.invariant.invariant_ops import (
     elementwise,
     invariant_linear,
     invariant_matmul,

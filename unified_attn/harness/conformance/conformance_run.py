@@ -26,10 +26,15 @@ from unified_attn.harness.conformance.invariance import (
     InvarianceCell,
     run_invariance_cell,
 )
-from unified_attn.harness.conformance.mla import CUDA_MLA_CELLS, MLA_GRID, MLACell, run_mla_cell
+from unified_attn.harness.conformance.mla_cells import (
+    CUDA_MLA_CELLS,
+    MLA_GRID,
+    MLACell,
+    run_mla_cell,
+)
 from unified_attn.harness.conformance.oracle import compare_with_oracle
 from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
-from unified_attn.harness.conformance.state import STATE_GRID, StateCell, run_state_cell
+from unified_attn.harness.conformance.state_cells import STATE_GRID, StateCell, run_state_cell
 from unified_attn.legacy_adapter import LegacyAttentionBackend
 from unified_attn.selector import backend_reasons, resolve_backend
 

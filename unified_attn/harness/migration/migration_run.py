@@ -12,8 +12,8 @@ from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.harness.migration.code_size import lines_of_code, source_lines
 from unified_attn.harness.migration.compare import DEFAULT_ATOL, compare_outputs, step_failure
 from unified_attn.harness.migration.engine_run import REQUIRED_COVERAGE, coverage, run_workload
+from unified_attn.harness.migration.migration_workload import Workload, engine_kwargs, kv_budget
 from unified_attn.harness.migration.timing import host_time
-from unified_attn.harness.migration.workload import Workload, engine_kwargs, kv_budget
 from unified_attn.legacy_adapter import LegacyBackendAdapter
 from unified_attn.selector import backend_classes, resolve_backend
 
