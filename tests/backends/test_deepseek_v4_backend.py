@@ -370,8 +370,9 @@ def test_groups_are_listed_from_the_backends_triples_alone():
     assert plan.wasted_bytes_per_block() == [0] * len(plan.groups)
 
 
-GENERIC = ["backend", "runner/worker.py", "runner/scheduler.py", "runner/model_runner.py",
-           "engine/llm_engine.py", "runner/page_balance.py", "managers"]  # fmt: skip
+GENERIC = ["backend", "runner/worker.py", "runner/kv_plan.py", "runner/scheduler.py",
+           "runner/model_runner.py", "engine/llm_engine.py", "runner/page_balance.py",
+           "managers"]  # fmt: skip
 
 
 @pytest.mark.parametrize("part", GENERIC)

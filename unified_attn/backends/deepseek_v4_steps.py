@@ -252,6 +252,49 @@ def attend_row_sets(
     out.copy_(merge_partials(partials, sinks).to(out.dtype))
 
 
+# ---- the lightning indexer: scores and top-k (forward) -------------------------------------------
+
+
+def index_scores(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    blocks: torch.Tensor,
+    offsets: torch.Tensor,
+    request: torch.Tensor,
+    num_visible: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """The lightning indexer's scores, in float32: `out[t, e] = sum_h weights[t, h] *
+    relu(q[t, h] . k[e]) * scale` for every entry e of token t's request (`k[e] =
+    cache[blocks[request[t], e], offsets[e]]`) that the token sees (`e < num_visible[t]`), -inf
+    for the others; q `[T, H, D]`, weights `[T, H]` float32, out `[T, E]` float32. The seam a
+    kernel backend replaces (same signature: `triton.v4_ops.indexer_scores`)."""
+    entries = torch.arange(out.shape[1], device=out.device)
+    visible = entries < num_visible[:, None]  # [T, E]
+    keys = cache[blocks, offsets][request].float()  # [T, E, D]
+    keys = keys.masked_fill(~visible[:, :, None], 0.0)  # stale blocks may hold NaN bits
+    scores = torch.relu(torch.einsum("thd,ted->the", q.float(), keys)) * scale
+    scores = (scores * weights[:, :, None]).sum(dim=1)
+    out.copy_(scores.masked_fill(~visible, float("-inf")))
+
+
+def top_entries(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices `[T, k]` of the `k` best entries of each row of `scores [T, E]` (float32),
+    best first, equal scores broken toward the lower entry index. `torch.topk` breaks ties by
+    its own algorithm, which depends on `E` (the longest request of the step): exact ties are
+    common (`relu` zeroes every head's score of an entry), so a request's picks, and its
+    logits, would change with its neighbours. Each score becomes one distinct int64 key (its
+    float32 order in the high word, the reversed index in the low word) and topk ranks those;
+    -0.0 and 0.0 count as equal."""
+    bits = (scores + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # monotone in the float
+    entries = torch.arange(scores.shape[-1], device=scores.device)
+    keys = ordered * (1 << 32) + ((1 << 32) - 1 - entries)
+    return keys.topk(k, dim=-1).indices
+
+
 def check_tensor(
     layer: LayerConfig,
     what: str,
