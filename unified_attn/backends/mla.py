@@ -72,6 +72,7 @@ from unified_attn.backends.kv_quant import (
     kv_cache_dtype_reasons,
     quantize_fp8,
 )
+from unified_attn.backends.mla_checks import check_mla_tensor, construction_problems, row_size
 from unified_attn.backends.mla_math import (
     absorb_query,
     project_latent_out,
@@ -82,7 +83,6 @@ from unified_attn.backends.mla_math import (
 from unified_attn.managers import FullAttentionManager, SlidingWindowManager
 from unified_attn.selector import SelectorConfig, register_backend
 from unified_attn.tensor_specs import LatentKVSpec
-from unified_attn.tensor_specs.paged import FP8_KV_DTYPE
 
 
 @attrs.frozen
@@ -356,8 +356,8 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             )
         num_tokens, heads, width = query.shape[0], layer.num_heads, self.head_size
         rope, rank = self.qk_rope_head_dim, self.kv_lora_rank
-        q_dim = _row_size(query) // heads  # N + R
-        v_dim = _row_size(output) // heads
+        q_dim = row_size(query) // heads  # N + R
+        v_dim = row_size(output) // heads
         if q_dim <= rope or v_dim == 0:
             raise ValueError(
                 f"layer {layer.name}: query has {q_dim} values per head and output {v_dim}; "
@@ -372,7 +372,7 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             "kv_b_proj": (kv_b_proj, (heads * (q_dim - rope + v_dim), rank)),
         }
         for what, (tensor, shape) in expected.items():
-            _check_tensor(layer, what, tensor, shape, self.dtype, query.device)
+            check_mla_tensor(layer, what, tensor, shape, self.dtype, query.device)
         nope = q_dim - rope
         w = kv_b_proj.view(heads, nope + v_dim, rank)
         return (
@@ -381,58 +381,4 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
             output.view(num_tokens, heads, v_dim),
             w[:, :nope],
             w[:, nope:].transpose(1, 2),
-        )
-
-
-def construction_problems(backend: AttentionBackend, kv_lora_rank: Any) -> list[str]:
-    """What an MLA backend cannot be built with (empty: fine)."""
-    problems = []
-    if backend.num_kv_heads != 1:
-        problems.append(
-            f"num_kv_heads={backend.num_kv_heads}, expected 1 (one latent per token, shared "
-            "by every head)"
-        )
-    if not isinstance(kv_lora_rank, int) or not 0 < kv_lora_rank < backend.head_size:
-        problems.append(
-            f"kv_lora_rank={kv_lora_rank!r}, expected an int in (0, head_size={backend.head_size})"
-            " (head_size = kv_lora_rank + qk_rope_head_dim)"
-        )
-    if backend.kv_cache_dtype not in (backend.dtype, FP8_KV_DTYPE):
-        problems.append(
-            f"kv_cache_dtype={backend.kv_cache_dtype} is neither dtype={backend.dtype} nor fp8; "
-            "use kv_cache_dtype='auto' or 'fp8'"
-        )
-    chunk, sinks = backend.attention_chunk_size, backend.num_sink_tokens
-    if chunk is not None or sinks or backend.attn_type != AttentionType.DECODER:
-        problems.append(
-            f"attention_chunk_size={chunk}, num_sink_tokens={sinks}, attn_type="
-            f"{backend.attn_type.value}: MLA layers are full or sliding-window decoder layers"
-        )
-    return problems
-
-
-def _row_size(tensor: torch.Tensor) -> int:
-    size = 1
-    for dim in tensor.shape[1:]:
-        size *= dim
-    return size
-
-
-def _check_tensor(
-    layer: LayerConfig,
-    what: str,
-    tensor: torch.Tensor,
-    shape: tuple[int, int],
-    dtype: torch.dtype,
-    device: torch.device,
-) -> None:
-    if (tensor.shape[0], _row_size(tensor)) != shape:
-        raise ValueError(
-            f"layer {layer.name}: {what} has shape {tuple(tensor.shape)}, expected {shape} "
-            "(see unified_attn.backends.mla for what MLA's query, key and value hold)"
-        )
-    if tensor.dtype != dtype or tensor.device != device:
-        raise ValueError(
-            f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected {dtype} "
-            f"on {device}"
         )
