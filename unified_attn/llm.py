@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from unified_attn.engine.llm_engine import LLMEngine, PromptType
+from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.engine.outputs import EncodeOutput, RequestOutput, StreamDelta
+from unified_attn.engine.prompts import PromptType
 from unified_attn.sampling_params import SamplingParams
 
 

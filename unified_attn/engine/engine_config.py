@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from unified_attn.managers.eviction import EVICTION_POLICIES
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
+
+if TYPE_CHECKING:
+    from unified_attn.runner.scheduler import SchedulerOutput
+    from unified_attn.runner.step_inputs import StepResult
 
 
 @attrs.frozen
@@ -118,6 +122,27 @@ class EngineStats:
     def mean_step_ms(self) -> float:
         return 1e3 * self.step_time_s / self.steps if self.steps else 0.0
 
+    def record_step(
+        self,
+        output: SchedulerOutput,
+        result: StepResult,
+        appended: dict[str, int],
+        elapsed_s: float,
+    ) -> None:
+        """Count one step: its prefill and decode tokens, generated tokens and drafts."""
+        self.steps += 1
+        self.step_time_s += elapsed_s
+        for entry in output.scheduled:
+            if entry.num_computed_before + entry.num_new_tokens > entry.request.num_prompt_tokens:
+                self.decode_tokens += entry.num_new_tokens
+            else:
+                self.prefill_tokens += entry.num_new_tokens
+        self.generated_tokens += sum(appended.values())
+        for rid, num_drafts in result.num_drafts.items():
+            self.spec_verifications += 1
+            self.spec_drafted += num_drafts
+            self.spec_accepted += len(result.sampled[rid]) - 1
+
 
 BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
 
@@ -133,3 +158,14 @@ def with_environment(config: EngineConfig, environ: Mapping[str, str] = os.envir
     ):
         return attrs.evolve(config, batch_invariant=True)
     return config
+
+
+def check_batch_invariant_options(config: EngineConfig) -> None:
+    """Refuse the engine options batch-invariant mode cannot honour, before anything starts."""
+    if config.tensor_parallel_size > 1:
+        raise ValueError(
+            f"batch-invariant mode cannot run with tensor_parallel_size="
+            f"{config.tensor_parallel_size}: row-parallel layers sum the ranks' partial results "
+            "with an all-reduce whose algorithm (and so its order of additions) NCCL picks by "
+            "message size, i.e. by the batch; use tensor_parallel_size=1 or turn the mode off"
+        )

@@ -1,15 +1,14 @@
 """`LLMEngine`: model + worker + KV-cache manager + scheduler + runner behind `generate`, `stream`
-and a step-by-step serving loop, with vLLM-shaped outputs (`RequestOutput`, `CompletionOutput`,
-`Logprob`) and stream deltas (`StreamDelta`). Its collaborators: `request_intake.py` checks
-and builds what a request queues, `request_tracker.py` follows queued requests to their
-outputs."""
+and a step-by-step serving loop, with vLLM-shaped outputs and stream deltas (`outputs.py`).
+`request_intake.py` checks and builds what a request queues, `request_tracker.py` follows
+queued requests to their outputs."""
 
 from __future__ import annotations
 
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from unified_attn.distributed.tp_group import TensorParallelGroup, serve_launched_rank
@@ -22,11 +21,18 @@ from unified_attn.distributed.tp_rank import (
 from unified_attn.engine.engine_config import (
     EngineConfig,
     EngineStats,
+    check_batch_invariant_options,
     check_engine_options,
     with_environment,
 )
 from unified_attn.engine.outputs import EncodeOutput, RequestOutput, StreamDelta
-from unified_attn.engine.prompts import PromptReader, RequestIds, as_list, pack_prompts
+from unified_attn.engine.prompts import (
+    PromptReader,
+    PromptType,
+    RequestIds,
+    as_list,
+    encode_packed,
+)
 from unified_attn.engine.request_intake import (
     PreparedPrompt,
     check_params,
@@ -50,20 +56,6 @@ from unified_attn.runner.step_inputs import StepResult
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.spec_decode.proposers import build_drafter, propose_drafts
-
-
-def check_batch_invariant_options(config: EngineConfig) -> None:
-    """Refuse the engine options batch-invariant mode cannot honour, before anything starts."""
-    if config.tensor_parallel_size > 1:
-        raise ValueError(
-            f"batch-invariant mode cannot run with tensor_parallel_size="
-            f"{config.tensor_parallel_size}: row-parallel layers sum the ranks' partial results "
-            "with an all-reduce whose algorithm (and so its order of additions) NCCL picks by "
-            "message size, i.e. by the batch; use tensor_parallel_size=1 or turn the mode off"
-        )
-
-
-PromptType = str | Sequence[int] | Mapping[str, Any]
 
 
 class LLMEngine(KVCacheAccess):
@@ -186,13 +178,8 @@ class LLMEngine(KVCacheAccess):
             self.prompts.read(f"encode: prompt {i}", p, generating=False)
             for i, p in enumerate(batch)
         ]
-        outputs: list[EncodeOutput] = []
-        for chunk in pack_prompts([r.token_ids for r in read], self.config.max_num_batched_tokens,
-                           self.config.max_num_seqs):  # fmt: skip
-            hidden = self.runner.encode([read[i].token_ids for i in chunk])
-            for i, states in zip(chunk, hidden, strict=True):
-                outputs.append(EncodeOutput(read[i].token_ids, states.cpu(), read[i].text))
-        return outputs
+        return encode_packed(self.runner, read, self.config.max_num_batched_tokens,
+                             self.config.max_num_seqs)  # fmt: skip
 
     def add_request(
         self,
@@ -385,7 +372,7 @@ class LLMEngine(KVCacheAccess):
             e.request.request_id: e.request.num_output_tokens - before[e.request.request_id]
             for e in output.scheduled
         }
-        self._count(output, result, appended, start)
+        self.stats.record_step(output, result, appended, time.perf_counter() - start)
         self._requests.keep_logits(output, result, appended)
         if self.drafter is not None:
             propose_drafts(self.drafter, output, self.max_model_len)
@@ -411,20 +398,3 @@ class LLMEngine(KVCacheAccess):
         if self._tp is not None:
             self.runner.graphs = None  # graphs hold the group's captured collectives
             self._tp.shutdown()
-
-    def _count(
-        self, output: SchedulerOutput, result: StepResult, appended: dict[str, int], start: float
-    ) -> None:
-        stats = self.stats
-        stats.steps += 1
-        stats.step_time_s += time.perf_counter() - start
-        for entry in output.scheduled:
-            if entry.num_computed_before + entry.num_new_tokens > entry.request.num_prompt_tokens:
-                stats.decode_tokens += entry.num_new_tokens
-            else:
-                stats.prefill_tokens += entry.num_new_tokens
-        stats.generated_tokens += sum(appended.values())
-        for rid, num_drafts in result.num_drafts.items():
-            stats.spec_verifications += 1
-            stats.spec_drafted += num_drafts
-            stats.spec_accepted += len(result.sampled[rid]) - 1

@@ -10,7 +10,11 @@ from typing import Any
 
 import attrs
 
+from unified_attn.engine.outputs import EncodeOutput
 from unified_attn.models.families.base import ModelKind
+
+# what `generate`, `stream` and `add_request` take as one prompt
+PromptType = str | Sequence[int] | Mapping[str, Any]
 
 DECODER_KEYS = ("prompt", "prompt_token_ids")
 ENCODER_KEYS = ("encoder_prompt", "encoder_prompt_token_ids")
@@ -214,3 +218,17 @@ class RequestIds:
         match = self._AUTO.fullmatch(request_id)
         if match and int(match.group(1)) >= self._next:
             self._taken.add(int(match.group(1)))
+
+
+def encode_packed(
+    runner: Any, read: Sequence[Any], max_tokens: int, max_prompts: int
+) -> list[EncodeOutput]:
+    """Encoder-only models: each read prompt's last hidden states, in input order, from forwards
+    of at most `max_tokens` tokens and `max_prompts` prompts (`pack_prompts`; `runner` is the
+    engine's `ModelRunner`)."""
+    outputs: list[EncodeOutput] = []
+    for chunk in pack_prompts([r.token_ids for r in read], max_tokens, max_prompts):
+        hidden = runner.encode([read[i].token_ids for i in chunk])
+        for i, states in zip(chunk, hidden, strict=True):
+            outputs.append(EncodeOutput(read[i].token_ids, states.cpu(), read[i].text))
+    return outputs
