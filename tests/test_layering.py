@@ -146,7 +146,6 @@ def test_no_module_outside_the_families_dispatches_on_a_model_config_type():
 # does an entry that no longer needs to be here.
 LONG_MODULES = {
     "kernels/attention/unified_attention.py",
-    "kernels/moe/grouped_experts.py",
 }  # fmt: skip
 REPEATED_BASENAMES: set[str] = set()
 
