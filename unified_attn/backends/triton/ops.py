@@ -10,10 +10,8 @@ import torch
 import triton
 
 from unified_attn.kernels.attention.cache_write import write_kv_cache_kernel
-from unified_attn.kernels.attention.unified_attention import (
-    merge_segments_kernel,
-    unified_attention_kernel,
-)
+from unified_attn.kernels.attention.merge_segments import merge_segments_kernel
+from unified_attn.kernels.attention.unified_attention import unified_attention_kernel
 from unified_attn.utils import cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

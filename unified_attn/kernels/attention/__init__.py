@@ -1,1 +1,2 @@
-"""Paged attention kernels: `unified_attention`, `cache_write`, `merge_partials`."""
+"""Paged attention kernels: `unified_attention` (with `merge_segments`, its split-KV merge),
+`cache_write`, `merge_partials`."""

@@ -9,7 +9,8 @@ come last); non-causal sequences (encoder self-attention, cross-attention) numbe
 from 0, so a query chunk may be longer than its keys (cross-attention) and every query row still
 sees keys `[0, seq_len)` under no window or chunk. With NUM_SEGMENTS > 1 (split-KV, decode),
 segment s covers keys `[s * segment_len, (s + 1) * segment_len)` (the last one everything after)
-and stores an unnormalised partial result that `merge_segments_kernel` combines.
+and stores an unnormalised partial result that `merge_segments_kernel` (`merge_segments.py`)
+combines.
 
 An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
 to the dot dtype (exact: every e4m3 value is a float16/bfloat16/float32 value): the query dtype,
@@ -395,45 +396,3 @@ def unified_attention_kernel(
             acc,
             mask=row_valid[:, None],
         )
-
-
-@triton.jit
-def merge_segments_kernel(
-    out_ptr,  # [T, Hq, D]
-    seg_acc_ptr,  # [T, Hq, NUM_SEGMENTS, HEAD_PAD]
-    seg_max_ptr,  # [T, Hq, NUM_SEGMENTS]
-    seg_sum_ptr,
-    sinks_ptr,
-    num_q_heads,
-    stride_ot,
-    stride_oh,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr,
-    USE_SINKS: tl.constexpr,
-):
-    """Log-sum-exp merge (log2 units) of the partial results of one (token, head). Empty
-    segments carry max = -inf and sum = 0 and drop out; the sink is counted here, once."""
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    segs = tl.arange(0, NUM_SEGMENTS)
-    dims = tl.arange(0, HEAD_PAD)
-    base = (token * num_q_heads + head) * NUM_SEGMENTS
-    m = tl.load(seg_max_ptr + base + segs)
-    sums = tl.load(seg_sum_ptr + base + segs)
-    m_all = tl.max(m, axis=0)
-    if USE_SINKS:
-        sink = tl.load(sinks_ptr + head).to(tl.float32) * LOG2E
-        m_all = tl.maximum(m_all, sink)
-    m_safe = tl.where(m_all > float("-inf"), m_all, 0.0)
-    weight = tl.where(m > float("-inf"), tl.exp2(m - m_safe), 0.0)
-    total = tl.sum(sums * weight, axis=0)
-    if USE_SINKS:
-        total += tl.exp2(sink - m_safe)
-    acc = tl.load(seg_acc_ptr + (base + segs)[:, None] * HEAD_PAD + dims[None, :])
-    out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + dims,
-        out.to(out_ptr.dtype.element_ty),
-        mask=dims < HEAD_SIZE,
-    )
