@@ -11,7 +11,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.models import get_preset, supported_architectures
-from unified_attn.models.families import families, family_of
+from unified_attn.models.families import families
 from unified_attn.runner.model_source import DEFAULT_MODEL, default_dtype
 from unified_attn.selector import (
     SelectorConfig,
@@ -71,11 +71,6 @@ def automatic_choice(cfg: SelectorConfig) -> type[AttentionBackend] | None:
 
 
 # ---- models -----------------------------------------------------------------------------------
-
-
-def describe_config(config: Any) -> dict[str, Any]:
-    """A model's row of `unified-attn models`, as its family describes it."""
-    return family_of(config).describe(config)
 
 
 def describe_models() -> dict[str, Any]:
