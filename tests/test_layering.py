@@ -170,3 +170,18 @@ def test_module_basenames_are_distinct():
         f"repeated, new: {sorted(repeated - REPEATED_BASENAMES)}; "
         f"fixed (remove from REPEATED_BASENAMES): {sorted(REPEATED_BASENAMES - repeated)}"
     )
+
+
+def test_jit_code_is_apart_from_launchers():
+    """A kernels module holds jit code or launchers (`kernel[grid](...)`), not both."""
+    import re
+
+    launch = re.compile(r"\w\[[^\]\n]*\]\(")
+    mixed = [
+        str(path.relative_to(PACKAGE))
+        for path in modules()
+        if path.relative_to(PACKAGE).parts[0] == "kernels"
+        and any(mark in path.read_text() for mark in ("@triton.jit", "@gluon.jit"))
+        and launch.search(path.read_text())
+    ]
+    assert not mixed, f"jit code and launchers in one module: {mixed}"

@@ -17,10 +17,10 @@ import attrs
 import torch
 import triton
 
+from unified_attn.backends.triton.merge_ops import merge_mla_partials
 from unified_attn.backends.triton.mla_plan import MLAPlan
 from unified_attn.backends.triton.mla_sm90 import launch_hopper
 from unified_attn.backends.triton.ops import SUPPORTED_DTYPES, SplitPlan
-from unified_attn.kernels.attention.merge_partials import merge_mla_partials
 from unified_attn.kernels.mla.mla_attention import (
     mla_attention_kernel,
     write_latent_cache_kernel,

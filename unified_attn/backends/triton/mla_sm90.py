@@ -21,8 +21,8 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from unified_attn.backends.triton.merge_ops import merge_mla_partials
 from unified_attn.backends.triton.ops import SM90_SHARED_BYTES, is_sm90, rows_16_byte_aligned
-from unified_attn.kernels.attention.merge_partials import merge_mla_partials
 from unified_attn.kernels.mla.mla_attention_sm90 import mla_attention_sm90_kernel
 from unified_attn.kernels.mla.mla_decode_sm90_fp8 import mla_decode_sm90_fp8_kernel
 from unified_attn.kernels.mla.mla_decode_sm90_ws import mla_decode_sm90_ws_kernel

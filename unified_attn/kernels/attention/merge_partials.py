@@ -1,8 +1,7 @@
 """Log-sum-exp merge of split-KV partials, shared by the MLA and gathered (DeepSeek-V4)
-attention launchers: `merge_partials_kernel`, and `merge_mla_partials` (the MLA launchers'
-call)."""
+attention launchers: `merge_partials_kernel` (jit code only; the MLA launchers call it through
+`backends/triton/merge_ops.py`)."""
 
-import torch
 import triton
 import triton.language as tl
 
@@ -46,15 +45,3 @@ def merge_partials_kernel(
     if WRITE_LSE:
         merged = tl.where(total > 0.0, (shift + tl.log2(norm)) * LN2, float("-inf"))
         tl.store(lse_ptr + t * num_heads + head, merged)
-
-
-def merge_mla_partials(
-    out: torch.Tensor, part_acc: torch.Tensor, part_lse: torch.Tensor, num_segments: int
-) -> None:
-    """`out [T, H, L]` from an MLA launch's split partials (`part_acc [T * H * segments, L]`,
-    `part_lse [T * H * segments]`, log2 units); no log-sum-exp is written."""
-    num_tokens, num_heads, width = out.shape
-    merge_partials_kernel[(num_tokens, num_heads)](
-        out, part_lse, part_acc, part_lse, num_heads, num_segments, out.stride(0), out.stride(1),
-        D=width, PARTS_PAD=triton.next_power_of_2(num_segments), WRITE_LSE=False,
-    )  # fmt: skip
