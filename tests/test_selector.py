@@ -80,6 +80,9 @@ def test_batch_invariant_mode_from_the_environment(monkeypatch, picky):
     assert with_environment(EngineConfig()).batch_invariant
     monkeypatch.setenv("UNIFIED_ATTN_BATCH_INVARIANT", "0")
     assert not with_environment(EngineConfig()).batch_invariant
+    monkeypatch.setenv("UNIFIED_ATTN_BATCH_INVARIANT", "on")  # not silently off
+    with pytest.raises(ValueError, match=r"UNIFIED_ATTN_BATCH_INVARIANT='on' is not a switch"):
+        with_environment(EngineConfig())
     cfg = SelectorConfig(head_size=64, dtype=torch.float32, use_batch_invariant=True)
     assert select_backend(cfg) is ReferenceAttentionBackend  # picky is not batch invariant
 

@@ -145,17 +145,21 @@ class EngineStats:
 
 
 BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
+ENV_TRUE, ENV_FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
 
 def with_environment(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> EngineConfig:
     """The one place the package reads the environment for a mode: `UNIFIED_ATTN_BATCH_INVARIANT`
-    set to 1 / true / yes turns batch-invariant mode on. The engine resolves its config with it
-    once; everything below takes the mode as a value."""
-    if not config.batch_invariant and environ.get(BATCH_INVARIANT_ENV, "0").lower() in (
-        "1",
-        "true",
-        "yes",
-    ):
+    set to 1 / true / yes turns batch-invariant mode on (0 / false / no / unset: as configured;
+    anything else is refused). The engine resolves its config with it once; everything below
+    takes the mode as a value."""
+    value = environ.get(BATCH_INVARIANT_ENV, "").strip().lower()
+    if value not in ("", *ENV_TRUE, *ENV_FALSE):
+        raise ValueError(
+            f"{BATCH_INVARIANT_ENV}={environ[BATCH_INVARIANT_ENV]!r} is not a switch; set it to "
+            "1, true or yes (on) or 0, false or no (off), or unset it"
+        )
+    if not config.batch_invariant and value in ENV_TRUE:
         return attrs.evolve(config, batch_invariant=True)
     return config
 
