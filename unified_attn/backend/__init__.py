@@ -73,7 +73,13 @@ class ValueCopyBackend(AttentionBackend[CopyPlan]):
 ```
 """
 
-from unified_attn.backend.attention_backend import AttentionBackend, PlanT, require_cache_config
+from unified_attn.backend.attention_backend import (
+    AttentionBackend,
+    PlanT,
+    check_dtype_device,
+    refuse_soft_cap,
+    require_cache_config,
+)
 from unified_attn.backend.cache_users import (
     GatheredRows,
     RowSetAttention,
@@ -100,5 +106,7 @@ __all__ = [
     "RowSource",
     "WindowSource",
     "as_capability",
+    "check_dtype_device",
+    "refuse_soft_cap",
     "require_cache_config",
 ]

@@ -230,23 +230,21 @@ class AttentionBackend(ABC, Generic[PlanT]):
     def check_layer(self, layer: LayerConfig) -> None:
         """Planning check: the layer's type, window and chunk must agree with this instance's
         manager."""
-        if layer.attn_type != self.attn_type:
-            raise ValueError(
-                f"layer {layer.name}: attn_type={layer.attn_type.value} but its backend "
-                f"instance was built with attn_type={self.attn_type.value}; give each attention "
-                "type its own backend instance."
-            )
-        if layer.sliding_window != self.sliding_window:
-            raise ValueError(
-                f"layer {layer.name}: sliding_window={layer.sliding_window} but its backend "
-                f"instance was built with sliding_window={self.sliding_window}; give layers with "
-                "different windows different backend instances."
-            )
-        if layer.chunk_size != self.attention_chunk_size:
-            raise ValueError(
-                f"layer {layer.name}: chunk_size={layer.chunk_size} but its backend instance was "
-                f"built with attention_chunk_size={self.attention_chunk_size}."
-            )
+        # (the layer's field, its value, this instance's parameter, its value, the advice)
+        must_match = (
+            ("attn_type", layer.attn_type.value, "attn_type", self.attn_type.value,
+             "; give each attention type its own backend instance."),
+            ("sliding_window", layer.sliding_window, "sliding_window", self.sliding_window,
+             "; give layers with different windows different backend instances."),
+            ("chunk_size", layer.chunk_size, "attention_chunk_size", self.attention_chunk_size,
+             "."),
+        )  # fmt: skip
+        for field, got, param, want, advice in must_match:
+            if got != want:
+                raise ValueError(
+                    f"layer {layer.name}: {field}={got} but its backend instance was built "
+                    f"with {param}={want}{advice}"
+                )
         if layer.num_kv_heads != self.num_kv_heads or layer.head_size != self.head_size:
             raise ValueError(
                 f"layer {layer.name}: (num_kv_heads, head_size)=({layer.num_kv_heads}, "
@@ -277,15 +275,33 @@ class AttentionBackend(ABC, Generic[PlanT]):
                     f"layer {layer.name}: {what} has shape {tuple(tensor.shape)}, expected "
                     f"{shape} (or its [T, heads, head_size] form)"
                 )
-            if tensor.dtype != self.dtype or tensor.device != query.device:
-                raise ValueError(
-                    f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected "
-                    f"{self.dtype} on {query.device}"
-                )
+            check_dtype_device(layer, what, tensor, self.dtype, query.device)
         q = query.view(num_tokens, layer.num_heads, layer.head_size)
         k = key.view(num_keys, layer.num_kv_heads, layer.head_size)
         v = value.view(num_keys, layer.num_kv_heads, layer.head_size)
         return q, k, v
+
+
+def check_dtype_device(
+    layer: LayerConfig, what: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device
+) -> None:
+    """The dtype and device half of a forward input check: a `ValueError` naming the layer, the
+    input, and the expected and found values (backends check shapes their own way)."""
+    if tensor.dtype != dtype or tensor.device != device:
+        raise ValueError(
+            f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected {dtype} "
+            f"on {device}"
+        )
+
+
+def refuse_soft_cap(layer: LayerConfig, backends: str) -> None:
+    """`check_layer` of backends without a logits soft cap (`backends` names them in the
+    message): a `ValueError` for a layer that has one."""
+    if layer.logits_soft_cap is not None:
+        raise ValueError(
+            f"layer {layer.name}: logits_soft_cap={layer.logits_soft_cap} is not supported "
+            f"by {backends}; give the layer logits_soft_cap=None"
+        )
 
 
 def require_cache_config(backend: AttentionBackend) -> CacheConfig:

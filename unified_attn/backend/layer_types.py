@@ -85,3 +85,14 @@ class CommonAttentionMetadata:
     @property
     def query_lens_cpu(self) -> torch.Tensor:
         return self.query_start_loc_cpu[1:] - self.query_start_loc_cpu[:-1]
+
+    def host_lists(self) -> tuple[list[int], list[int], list[int]]:
+        """The per-request host fields as lists (what host planning indexes request by
+        request), cut to the `num_reqs` requests: query start locations `[B + 1]`, sequence
+        lengths `[B]` and computed tokens `[B]`."""
+        num_reqs = self.num_reqs
+        return (
+            self.query_start_loc_cpu.tolist()[: num_reqs + 1],
+            self.seq_lens_cpu.tolist()[:num_reqs],
+            self.num_computed_tokens_cpu.tolist()[:num_reqs],
+        )

@@ -25,8 +25,8 @@ from unified_attn.backend import (
 from unified_attn.backends.deepseek_v4_steps import (
     GatheredRows,
     PlannedOnDevice,
+    RowAttentionUser,
     StepLayout,
-    attend_rows,
     block_size_of,
     check_tensor,
     closing_windows,
@@ -284,14 +284,12 @@ def _entry_count(layout: StepLayout, max_seq_len: int, rate: int) -> int:
     return int(layout.seq_lens.max()) // rate if layout.seq_lens.numel() else 0
 
 
-class CompressedAttentionBackend(_CompressedCacheBackend):
+class CompressedAttentionBackend(_CompressedCacheBackend, RowAttentionUser[EntryPlan]):
     """CSA/HCA: the rows of the request's compressed entries each query reads (all the complete
     ones, or those a top-k selection names; `gather_rows`), which the layer's `swa` user attends
     over together with its window; `forward` attends over them alone (a partial softmax)."""
 
     name = "deepseek-v4-compressed"
-    # the attention over each token's entry rows (a kernel backend replaces it)
-    attend_rows = staticmethod(attend_rows)
 
     def forward(
         self,
@@ -305,17 +303,9 @@ class CompressedAttentionBackend(_CompressedCacheBackend):
         """Write `key` (this step's entries `[N, D]`; `value` is not read), attend with `query
         [T, H, D]` into `output [T, H * D]` and `lse [T, H]` (float32 keyword); `topk [T, k]`
         int64 (keyword, optional): the only entries each query may see, -1 = none."""
-        lse, topk = kwargs.get("lse"), kwargs.get("topk")
-        heads, width, n = layer.num_heads, self.head_size, self.current_plan().num_tokens
-        check_tensor(layer, "output", output, (n, heads * width), self.dtype, query.device)
-        if lse is None:
-            raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
-        check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
-        rows = self.gather_rows(layer, query, key, topk)
-        out = output.view(n, heads, width)
-        self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
-                         layer.scale, out, lse)  # fmt: skip
-        return output
+        return self.partial_forward(
+            layer, output, query, key, kwargs.get("lse"), kwargs.get("topk")
+        )
 
     def gather_rows(
         self,

@@ -4,12 +4,14 @@
 Everything here that takes `common` runs in `prep_forward` (host work); `partial_attention`,
 `write_rows`, `attend_rows` and `attend_row_sets` only read device tensors and run in `forward`
 (or the layer's one attention, `DeepseekV4WindowBackend.attend_row_sets`). `GatheredRows` is
-the contract's (`backend.py`), re-exported here.
+the contract's (`backend.py`), re-exported here. `RowAttentionUser` is the base of the users
+whose `forward` attends over the rows they gather.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import attrs
 import torch
@@ -19,6 +21,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     GatheredRows,
     LayerConfig,
+    check_dtype_device,
 )
 
 
@@ -252,6 +255,49 @@ def attend_row_sets(
     out.copy_(merge_partials(partials, sinks).to(out.dtype))
 
 
+class TokenPlan(Protocol):
+    @property
+    def num_tokens(self) -> int:
+        """Token rows with data in the step (T)."""
+        ...
+
+
+TokenPlanT = TypeVar("TokenPlanT", bound=TokenPlan)
+
+
+class RowAttentionUser(PlannedOnDevice, AttentionBackend[TokenPlanT]):
+    """A cache user whose queries attend over the rows it gathers (the `swa` and `compressed`
+    users): `partial_forward` is its `forward`, the partial softmax over those rows alone.
+    A subclass also names `AttentionBackend[MyPlan]` among its bases (where the contract reads
+    the plan type)."""
+
+    # the attention over each token's rows (a kernel backend replaces it)
+    attend_rows = staticmethod(attend_rows)
+    gather_rows: Callable[..., GatheredRows]  # the subclass's `RowSource.gather_rows`
+
+    def partial_forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        lse: torch.Tensor | None,
+        selection: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Check `output [T, H * D]` and `lse [T, H]` (float32) before anything is written, then
+        `gather_rows` (which writes `key`) and attend with `query [T, H, D]` into both."""
+        n, heads, width = self.current_plan().num_tokens, layer.num_heads, self.head_size
+        check_tensor(layer, "output", output, (n, heads * width), self.dtype, query.device)
+        if lse is None:
+            raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
+        check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
+        rows = self.gather_rows(layer, query, key, selection)
+        out = output.view(n, heads, width)
+        self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
+                         layer.scale, out, lse)  # fmt: skip
+        return output
+
+
 # ---- the lightning indexer: scores and top-k (forward) -------------------------------------------
 
 
@@ -311,8 +357,4 @@ def check_tensor(
             f"layer {layer.name}: {what} has shape {found}, expected {shape} (-1: any); see "
             "unified_attn.backends.deepseek_v4_window for what each DeepSeek-V4 cache user takes"
         )
-    if tensor.dtype != dtype or tensor.device != device:
-        raise ValueError(
-            f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected {dtype} "
-            f"on {device}"
-        )
+    check_dtype_device(layer, what, tensor, dtype, device)

@@ -79,6 +79,7 @@ from unified_attn.backend import (
     CacheConfig,
     CommonAttentionMetadata,
     LayerConfig,
+    refuse_soft_cap,
 )
 from unified_attn.backends.deepseek_v4_compressed import (
     CompressedAttentionBackend,
@@ -87,9 +88,8 @@ from unified_attn.backends.deepseek_v4_compressed import (
 )
 from unified_attn.backends.deepseek_v4_steps import (
     GatheredRows,
-    PlannedOnDevice,
+    RowAttentionUser,
     attend_row_sets,
-    attend_rows,
     block_size_of,
     check_tensor,
     device_lookup,
@@ -122,7 +122,7 @@ class WindowPlan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 10})
-class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
+class DeepseekV4WindowBackend(RowAttentionUser[WindowPlan], AttentionBackend[WindowPlan]):
     """The `swa` cache user: one latent of `head_size` per token (key = value, shared by every
     head) under the sliding-window manager, and the attention over it (`RowSource`,
     `RowSetAttention`). The classes of the layer's other cache users come from
@@ -130,9 +130,8 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
 
     name = "deepseek-v4-reference"
     layer_kinds = ("deepseek_v4",)
-    # the attention over each token's window rows, and the layer's attention over several
-    # users' rows with the sinks (a kernel backend replaces them)
-    attend_rows = staticmethod(attend_rows)
+    # the layer's attention over several users' rows with the sinks (a kernel backend replaces
+    # it, and `attend_rows`)
     attend_sets = staticmethod(attend_row_sets)
 
     def __init__(self, *, num_kv_heads: int = 1, **kwargs: Any) -> None:
@@ -208,17 +207,7 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
         """Write `key [T, D]` (the roped latents; `value` is not read) at the group's slots,
         attend with `query [T, H, D]` over each token's window into `output [T, H * D]` and
         `lse [T, H]` (float32 keyword): this user's partial softmax."""
-        n, heads, width = self.current_plan().num_tokens, layer.num_heads, self.head_size
-        lse = kwargs.get("lse")
-        check_tensor(layer, "output", output, (n, heads * width), self.dtype, query.device)
-        if lse is None:
-            raise ValueError(f"layer {layer.name}: forward needs lse=[T, H] float32")
-        check_tensor(layer, "lse", lse, (n, heads), torch.float32, query.device)
-        rows = self.gather_rows(layer, query, key)
-        out = output.view(n, heads, width)
-        self.attend_rows(query, rows.cache, rows.blocks, rows.offsets, rows.visible,
-                         layer.scale, out, lse)  # fmt: skip
-        return output
+        return self.partial_forward(layer, output, query, key, kwargs.get("lse"))
 
     def gather_rows(
         self,
@@ -264,11 +253,7 @@ class DeepseekV4WindowBackend(PlannedOnDevice, AttentionBackend[WindowPlan]):
 
     def check_layer(self, layer: LayerConfig) -> None:
         super().check_layer(layer)
-        if layer.logits_soft_cap is not None:
-            raise ValueError(
-                f"layer {layer.name}: logits_soft_cap={layer.logits_soft_cap} is not supported "
-                "by DeepSeek-V4 backends; give the layer logits_soft_cap=None"
-            )
+        refuse_soft_cap(layer, "DeepSeek-V4 backends")
 
 
 __all__ = [

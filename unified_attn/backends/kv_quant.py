@@ -17,6 +17,9 @@ come from, in order:
    never depend on batch composition;
 3. 1.0 in batch-invariant mode (calibration would make a request's cache depend on the batch
    that happened to run first), unless the checkpoint gives scales.
+
+`FP8KVBackend` is the base of the backends with such a cache: it takes the fp8 names, keeps the
+scales and hands each layer's forward its scales (`_layer_scales`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import attrs
 import torch
 
-from unified_attn.backend import CommonAttentionMetadata, LayerConfig
+from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig, PlanT
 from unified_attn.selector import SelectorConfig
 from unified_attn.tensor_specs.paged import FP8_KV_DTYPE, FP8_KV_NAMES, as_kv_dtype, is_fp8_kv
 
@@ -169,3 +172,41 @@ def fp8_scales(backend: Any) -> KVScales | None:
     if not is_fp8_kv(backend.kv_cache_dtype):
         return None
     return KVScales(calibrate=not backend.batch_invariant)
+
+
+class FP8KVBackend(AttentionBackend[PlanT]):
+    """A backend whose cache may hold fp8 e4m3 (`kv_cache_dtype="fp8"` or `fp8_e4m3`): it keeps
+    each layer's scales in `kv_scales` (None when the cache holds the model dtype), bound with
+    the caches. Subclass it as `X(FP8KVBackend[MyPlan], AttentionBackend[MyPlan])`: the second
+    base declares the plan type where the contract reads it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**fp8_name_as_dtype(kwargs))
+        self.kv_scales: KVScales | None = fp8_scales(self)
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        super().bind_kv_caches(kv_caches, block_table_map)
+        if self.kv_scales is not None and kv_caches:
+            self.kv_scales.bind(kv_caches, next(iter(kv_caches.values())).device)
+
+    def _layer_scales(
+        self,
+        layer: LayerConfig,
+        given: torch.Tensor | None,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """fp8 cache: the layer's `[2]` K/V scales, calibrated first from the keys and values
+        `[N, ...]` this step writes if it is pending (with `slots [W]`: the first W rows, those
+        whose slot is >= 0; else every row); the checkpoint's `given` scales are never
+        calibrated. None for a cache of the model dtype."""
+        if self.kv_scales is None:
+            return None
+        scales = self.kv_scales.of(layer, given)
+        if given is None and self.kv_scales.take_pending(layer.name):
+            written = None
+            if slots is not None:  # the mask is built only when calibrating: once per layer
+                k, v, written = k[: slots.shape[0]], v[: slots.shape[0]], slots >= 0
+            self.kv_scales.calibrate_layer(layer.name, k, v, written)
+        return scales

@@ -100,8 +100,7 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         for_cudagraph_capture: bool = False,
     ) -> None:
         num_reqs = common.num_reqs
-        qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
-        computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
+        qsl, _, computed = common.host_lists()
         align = self.manager_config.mamba_cache_mode == "align"
         requests: dict[int, list[StateRow]] = {}
         for gid in set(self.group_of_layer.values()):

@@ -63,12 +63,11 @@ from unified_attn.backend import (
     CacheConfig,
     CommonAttentionMetadata,
     LayerConfig,
+    refuse_soft_cap,
 )
 from unified_attn.backends.kv_quant import (
-    KVScales,
+    FP8KVBackend,
     dequantize_fp8,
-    fp8_name_as_dtype,
-    fp8_scales,
     kv_cache_dtype_reasons,
     quantize_fp8,
 )
@@ -108,22 +107,19 @@ class MLAPlan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 10})
-class MLAReferenceBackend(AttentionBackend[MLAPlan]):
+class MLAReferenceBackend(FP8KVBackend[MLAPlan], AttentionBackend[MLAPlan]):
     name = "mla-reference"
     layer_kinds = ("mla",)
     # True: every row through `absorbed_attention` (one call per layer and step).
     absorb_prefill: ClassVar[bool] = False
 
     def __init__(self, *, kv_lora_rank: int, num_kv_heads: int = 1, **kwargs: Any) -> None:
-        super().__init__(num_kv_heads=num_kv_heads, **fp8_name_as_dtype(kwargs))
+        super().__init__(num_kv_heads=num_kv_heads, **kwargs)
         problems = construction_problems(self, kv_lora_rank)
         if problems:
             raise ValueError(f"{type(self).__name__}: " + "; ".join(problems))
         self.kv_lora_rank = kv_lora_rank
         self.qk_rope_head_dim = self.head_size - kv_lora_rank
-        # fp8 latent cache: each layer's scale (index 0 of its [2] K/V scales: the latent is
-        # both), None when the cache holds the model dtype
-        self.kv_scales: KVScales | None = fp8_scales(self)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -145,11 +141,7 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
 
     def check_layer(self, layer: LayerConfig) -> None:
         super().check_layer(layer)
-        if layer.logits_soft_cap is not None:
-            raise ValueError(
-                f"layer {layer.name}: logits_soft_cap={layer.logits_soft_cap} is not supported "
-                "by MLA backends; give the layer logits_soft_cap=None"
-            )
+        refuse_soft_cap(layer, "MLA backends")
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -160,9 +152,7 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         for_cudagraph_capture: bool = False,
     ) -> None:
         num_reqs = common.num_reqs
-        qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
-        seq_lens = common.seq_lens_cpu.tolist()[:num_reqs]
-        computed = common.num_computed_tokens_cpu.tolist()[:num_reqs]
+        qsl, seq_lens, computed = common.host_lists()
         lens = [qsl[i + 1] - qsl[i] for i in range(num_reqs)]
         long_rows = [] if self.absorb_prefill else [i for i in range(num_reqs) if lens[i] > 1]
         prefill = [(i, qsl[i], qsl[i + 1], computed[i]) for i in long_rows]
@@ -179,11 +169,6 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         )
         if self.kv_scales is not None:  # fp8 cache: calibrate the layers in this step?
             self.kv_scales.begin_step(common.num_actual_tokens > 0, for_cudagraph_capture)
-
-    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        super().bind_kv_caches(kv_caches, block_table_map)
-        if self.kv_scales is not None and kv_caches:
-            self.kv_scales.bind(kv_caches, next(iter(kv_caches.values())).device)
 
     def launch_plan(self, common: CommonAttentionMetadata, for_cudagraph_capture: bool) -> Any:
         """Host planning a kernel subclass needs for `absorbed_attention` (tiles, split-KV,
@@ -250,7 +235,10 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
         cache = self.kv_caches[layer.name]  # [num_blocks, block_size, L + R]
         slots = index.slot_mapping
         latent = latent[: slots.shape[0]]
-        scale = self._latent_scale(layer, kwargs.get("kv_scales"), latent, slots >= 0)
+        # fp8: the latent is both key and value, its scale the K one (calibrated on the rows
+        # with a slot); None for a cache of the model dtype
+        scales = self._layer_scales(layer, kwargs.get("kv_scales"), latent, latent, slots)
+        scale = None if scales is None else scales[0]
         self.write_latent(latent if scale is None else quantize_fp8(latent, scale), cache, slots)
         self._absorbed_rows(layer, out, q, cache, index, plan, w_uk, w_uv, scale)
         for request, start, end, computed in plan.prefill:
@@ -262,20 +250,6 @@ class MLAReferenceBackend(AttentionBackend[MLAPlan]):
                 layer, q[start:end], latents, computed, w_uk, w_uv
             )
         return output
-
-    def _latent_scale(
-        self,
-        layer: LayerConfig,
-        given: torch.Tensor | None,
-        latent: torch.Tensor,
-        written: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """fp8 cache: the layer's latent scale (0-dim float32: the checkpoint's k_scale, else
-        calibrated from the latents `written` by the first step that writes any); None for a
-        cache of the model dtype."""
-        if self.kv_scales is None:
-            return None
-        return self.kv_scales.for_layer(layer, given, latent, latent, written)[0]
 
     def _absorbed_rows(
         self,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig, check_dtype_device
 from unified_attn.tensor_specs.paged import FP8_KV_DTYPE
 
 
@@ -58,8 +58,4 @@ def check_mla_tensor(
             f"layer {layer.name}: {what} has shape {tuple(tensor.shape)}, expected {shape} "
             "(see unified_attn.backends.mla for what MLA's query, key and value hold)"
         )
-    if tensor.dtype != dtype or tensor.device != device:
-        raise ValueError(
-            f"layer {layer.name}: {what} is {tensor.dtype} on {tensor.device}, expected {dtype} "
-            f"on {device}"
-        )
+    check_dtype_device(layer, what, tensor, dtype, device)

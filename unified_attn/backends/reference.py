@@ -20,13 +20,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
-from unified_attn.backends.kv_quant import (
-    KVScales,
-    fp8_name_as_dtype,
-    fp8_scales,
-    kv_cache_dtype_reasons,
-    step_writes_keys,
-)
+from unified_attn.backends.kv_quant import FP8KVBackend, kv_cache_dtype_reasons, step_writes_keys
 from unified_attn.backends.reference_math import (
     INVARIANT_MIN_ROWS,
     attend,
@@ -78,13 +72,8 @@ class ReferencePlan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 10})
-class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
+class ReferenceAttentionBackend(FP8KVBackend[ReferencePlan], AttentionBackend[ReferencePlan]):
     name = "reference"
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**fp8_name_as_dtype(kwargs))
-        # fp8 cache: each layer's K/V scales (None: the cache holds the model dtype)
-        self.kv_scales: KVScales | None = fp8_scales(self)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -101,8 +90,7 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
         for_cudagraph_capture: bool = False,
     ) -> None:
         num_reqs = common.num_reqs
-        qsl = common.query_start_loc_cpu.tolist()[: num_reqs + 1]
-        seq_lens = common.seq_lens_cpu.tolist()[:num_reqs]
+        qsl, seq_lens, computed = common.host_lists()
         query_ranges = list(itertools.pairwise(qsl))
         # Decode rows share one batch padded to the longest; in batch-invariant mode every
         # request is attended on its own (the padding would change the reduction's shape).
@@ -118,7 +106,7 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
         cross = self.attn_type == AttentionType.ENCODER_DECODER
         self.plan = ReferencePlan(
             query_ranges=query_ranges,
-            computed=common.num_computed_tokens_cpu.tolist()[:num_reqs],
+            computed=computed,
             prefill_rows=prefill_rows,
             decode_tokens=torch.tensor([qsl[i] for i in decode], dtype=torch.long, device=device),
             decode_pos=decode_pos,
@@ -189,12 +177,6 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
             prefill_keys=prefill_keys,
         )
 
-    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        super().bind_kv_caches(kv_caches, block_table_map)
-        if self.kv_scales is not None and kv_caches:
-            device = next(iter(kv_caches.values())).device
-            self.kv_scales.bind(kv_caches, device)
-
     def _block_size(self, gid: int) -> int:
         """Tokens per block of group `gid`, read off a bound cache view."""
         for name, group in self.group_of_layer.items():
@@ -258,20 +240,6 @@ class ReferenceAttentionBackend(AttentionBackend[ReferencePlan]):
                 min_rows,
             )
         return output
-
-    def _layer_scales(
-        self,
-        layer: LayerConfig,
-        given: torch.Tensor | None,
-        k: torch.Tensor,
-        v: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """fp8 cache: the layer's `[2]` K/V scales, calibrated first from the keys and values
-        `[W, Hkv, D]` this step writes if it is pending (the checkpoint's `given` scales are
-        never calibrated); None for a cache of the model dtype."""
-        if self.kv_scales is None:
-            return None
-        return self.kv_scales.for_layer(layer, given, k, v)
 
     def _cross_attention(
         self,

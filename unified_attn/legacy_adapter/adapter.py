@@ -243,23 +243,22 @@ class LegacyBackendAdapter(AttentionBackend[LegacyPlan]):
         )
 
 
+# The legacy metadata's fields taken from the unified metadata's field of the same name: all but
+# the two per-group ones.
+SHARED_COMMON_FIELDS = tuple(
+    field.name
+    for field in attrs.fields(LegacyCommonAttentionMetadata)
+    if field.name not in ("block_table_tensor", "slot_mapping")
+)
+
+
 def per_group_common(
     common: CommonAttentionMetadata, gid: int, block_table: torch.Tensor
 ) -> LegacyCommonAttentionMetadata:
     """The legacy per-group metadata: shared tensors plus this group's table and slots."""
+    shared = {name: getattr(common, name) for name in SHARED_COMMON_FIELDS}
     return LegacyCommonAttentionMetadata(
-        query_start_loc=common.query_start_loc,
-        query_start_loc_cpu=common.query_start_loc_cpu,
-        seq_lens=common.seq_lens,
-        seq_lens_cpu=common.seq_lens_cpu,
-        num_computed_tokens_cpu=common.num_computed_tokens_cpu,
-        num_reqs=common.num_reqs,
-        num_actual_tokens=common.num_actual_tokens,
-        max_query_len=common.max_query_len,
-        max_seq_len=common.max_seq_len,
-        block_table_tensor=block_table,
-        slot_mapping=common.slot_mappings[gid],
-        positions=common.positions,
+        **shared, block_table_tensor=block_table, slot_mapping=common.slot_mappings[gid]
     )
 
 

@@ -20,14 +20,14 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.models.config import require_multiple
 from unified_attn.models.encoder_layers import (
     ACTIVATIONS,
+    EncoderModel,
     attend,
     attention_layer_config,
     feed_forward,
-    init_random,
     make_backend,
-    materialize,
     post_ln,
     supported_activation,
 )
@@ -66,12 +66,7 @@ class BartConfig:
 
     def __attrs_post_init__(self) -> None:
         for side in ("encoder", "decoder"):
-            heads = getattr(self, f"{side}_attention_heads")
-            if self.d_model % heads:
-                raise ValueError(
-                    f"BartConfig {self.name}: d_model={self.d_model} is not a multiple of "
-                    f"{side}_attention_heads={heads}"
-                )
+            require_multiple(f"BartConfig {self.name}", self, "d_model", f"{side}_attention_heads")
 
     @property
     def hidden_size(self) -> int:
@@ -214,7 +209,7 @@ def decoder_layer_configs(config: BartConfig, index: int) -> tuple[LayerConfig, 
     )
 
 
-class EncoderDecoderModel(nn.Module):
+class EncoderDecoderModel(EncoderModel[BartConfig]):
     """Inference-only BART. Weights start constant (LayerNorms the identity, the rest 0): call
     `init_random_weights` or load a state dict (see `hf_encoders.load_bart`).
 
@@ -224,31 +219,10 @@ class EncoderDecoderModel(nn.Module):
 
     final_logits_bias: torch.Tensor
 
-    def __init__(
-        self,
-        config: BartConfig,
-        backend_cls: type[AttentionBackend],
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend_options: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.dtype = dtype
-        self.backends = self._make_backends(config, backend_cls, dtype, backend_options or {})
-        with torch.device("meta"):  # no init cost, no global RNG use
-            self.model = _Backbone(config, self.backends)
-            self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
-        materialize(self, dtype, device)
-
-    @staticmethod
     def _make_backends(
-        config: BartConfig,
-        backend_cls: type[AttentionBackend],
-        dtype: torch.dtype,
-        options: dict[str, Any],
+        self, backend_cls: type[AttentionBackend], options: dict[str, Any], device: torch.device
     ) -> dict[str, AttentionBackend]:
+        config, dtype = self.config, self.dtype
         heads, size = config.num_heads, config.head_size
         encoder_heads, encoder_size = config.encoder_attention_heads, config.encoder_head_size
         return {
@@ -269,6 +243,10 @@ class EncoderDecoderModel(nn.Module):
             ),
         }
 
+    def _build(self) -> None:
+        self.model = _Backbone(self.config, self.backends)
+        self.register_buffer("final_logits_bias", torch.zeros(1, self.config.vocab_size))
+
     @property
     def device(self) -> torch.device:
         return self.model.shared.weight.device
@@ -281,10 +259,6 @@ class EncoderDecoderModel(nn.Module):
             decoder_layer = cast(_DecoderLayer, layer)
             yield _layer_of(decoder_layer.self_attn)
             yield _layer_of(decoder_layer.encoder_attn)
-
-    def init_random_weights(self, seed: int) -> None:
-        """normal(0, 0.02) drawn on CPU in float32, LayerNorms the identity, the logits bias 0."""
-        init_random(self, seed)
 
     def _embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.shared(input_ids) * self.config.embed_scale

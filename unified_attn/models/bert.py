@@ -16,13 +16,13 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.models.config import require_multiple
 from unified_attn.models.encoder_layers import (
     ACTIVATIONS,
+    EncoderModel,
     attend,
     attention_layer_config,
-    init_random,
     make_backend,
-    materialize,
     post_ln,
     supported_activation,
 )
@@ -49,11 +49,7 @@ class BertConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __attrs_post_init__(self) -> None:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"BertConfig {self.name}: hidden_size={self.hidden_size} is not a multiple of "
-                f"num_heads={self.num_heads}"
-            )
+        require_multiple(f"BertConfig {self.name}", self, "hidden_size", "num_heads")
 
     @property
     def head_size(self) -> int:
@@ -154,35 +150,28 @@ def bert_layer_config(config: BertConfig, index: int) -> LayerConfig:
     )
 
 
-class BertEncoderModel(nn.Module):
+class BertEncoderModel(EncoderModel[BertConfig]):
     """Inference-only BERT encoder. Weights start constant (LayerNorms the identity, the rest
     0): call `init_random_weights` or load a state dict (see `hf_encoders.load_bert`)."""
 
-    def __init__(
-        self,
-        config: BertConfig,
-        backend_cls: type[AttentionBackend],
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend_options: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.dtype = dtype
-        backend = make_backend(
-            backend_cls,
-            config.num_heads,
-            config.head_size,
-            dtype,
-            AttentionType.ENCODER_ONLY,
-            backend_options or {},
-        )
-        self.backends: dict[str, AttentionBackend] = {"encoder_only": backend}
-        with torch.device("meta"):  # no init cost, no global RNG use
-            self.embeddings = _Embeddings(config)
-            self.encoder = _Encoder(config, backend)
-        materialize(self, dtype, device)
+    def _make_backends(
+        self, backend_cls: type[AttentionBackend], options: dict[str, Any], device: torch.device
+    ) -> dict[str, AttentionBackend]:
+        config = self.config
+        return {
+            "encoder_only": make_backend(
+                backend_cls,
+                config.num_heads,
+                config.head_size,
+                self.dtype,
+                AttentionType.ENCODER_ONLY,
+                options,
+            )
+        }
+
+    def _build(self) -> None:
+        self.embeddings = _Embeddings(self.config)
+        self.encoder = _Encoder(self.config, self.backends["encoder_only"])
 
     @property
     def device(self) -> torch.device:
@@ -192,10 +181,6 @@ class BertEncoderModel(nn.Module):
         for layer in self.encoder.layer:
             attn = cast(_Layer, layer).attention.self
             yield attn.layer_config, attn.backend
-
-    def init_random_weights(self, seed: int) -> None:
-        """normal(0, 0.02) drawn on CPU in float32, LayerNorms the identity."""
-        init_random(self, seed)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

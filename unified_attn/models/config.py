@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
@@ -20,6 +21,30 @@ MLPKind = Literal["swiglu", "geglu", "moe"]
 ExpertKind = Literal["clamped_swiglu", "swiglu"]
 RouterSoftmax = Literal["top_k", "all"]
 RoutingDType = Literal["float32", "model"]
+
+
+def check_choices(owner: str, config: Any, choices: Mapping[str, tuple[str, ...]]) -> None:
+    """A `ValueError` naming the first field of `config` whose value is not among its `choices`
+    (attrs does not check `Literal` fields); `owner` starts the message."""
+    for field, valid in choices.items():
+        if getattr(config, field) not in valid:
+            raise ValueError(
+                f"{owner}: {field} must be one of {valid}, got {getattr(config, field)!r}"
+            )
+
+
+def require_multiple(owner: str, config: Any, field: str, divisor: str) -> None:
+    """A `ValueError` unless `config.<field>` is a multiple of `config.<divisor>`."""
+    value, by = getattr(config, field), getattr(config, divisor)
+    if value % by:
+        raise ValueError(f"{owner}: {field}={value} is not a multiple of {divisor}={by}")
+
+
+def as_token_ids(value: Any) -> tuple[int, ...]:
+    """attrs converter: config.json's token id (an int, a list or null) as a tuple."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
 
 
 @attrs.frozen
@@ -164,11 +189,7 @@ class MoEConfig:
             "router_softmax": ("top_k", "all"),
             "routing_weights_dtype": ("float32", "model"),
         }
-        for field, valid in choices.items():
-            if getattr(self, field) not in valid:
-                raise ValueError(
-                    f"MoEConfig: {field} must be one of {valid}, got {getattr(self, field)!r}"
-                )
+        check_choices("MoEConfig", self, choices)
 
 
 def _as_layer_kinds(value: Any) -> tuple[LayerKind, ...]:
@@ -245,11 +266,7 @@ class ModelConfig:
         return (LayerKind(),) * self.num_layers
 
     def __attrs_post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"model {self.name}: num_heads={self.num_heads} is not a multiple of "
-                f"num_kv_heads={self.num_kv_heads}"
-            )
+        require_multiple(f"model {self.name}", self, "num_heads", "num_kv_heads")
         if self.head_size % 2:
             raise ValueError(
                 f"model {self.name}: RoPE needs an even head_size, got {self.head_size}"
@@ -272,12 +289,7 @@ class ModelConfig:
             "mlp_kind": ("swiglu", "geglu", "moe"),
             "norm_style": ("llama", "gemma", "float32"),
         }
-        for field, valid in choices.items():
-            if getattr(self, field) not in valid:
-                raise ValueError(
-                    f"model {self.name}: {field} must be one of {valid}, got "
-                    f"{getattr(self, field)!r}"
-                )
+        check_choices(f"model {self.name}", self, choices)
         if (self.mlp_kind == "moe") != (self.moe is not None):
             raise ValueError(
                 f"model {self.name}: mlp_kind={self.mlp_kind!r} with moe={self.moe}; "

@@ -6,13 +6,14 @@ renames some architectures declare, `hf_families.WEIGHT_RENAMES`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.models.attention_model import CausalLM
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.invariant import invariant_linear, make_batch_invariant
 from unified_attn.models.layers import (
@@ -74,7 +75,7 @@ class _Backbone(nn.Module):
                 rotary.reset_buffers(device)
 
 
-class DecoderModel(nn.Module):
+class DecoderModel(CausalLM[ModelConfig, BackendKey]):
     """Inference-only decoder. Weights start as zeros (norms as the identity): call
     `init_random_weights` or load a state dict (see `load_hf_model`).
 
@@ -83,55 +84,36 @@ class DecoderModel(nn.Module):
     (`models/invariant`), the LM head included: a row's logits then never depend on the
     batch."""
 
+    model: _Backbone
     batch_invariant: bool
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        backend_cls: type[AttentionBackend],
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend_options: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.dtype = dtype
-        self.backends = self._make_backends(
-            config, backend_cls, dtype, torch.device(device), backend_options or {}
-        )
-        with torch.device("meta"):  # no init cost, no global RNG use
-            self.model = _Backbone(config, self.backends)
-            self.lm_head = (
-                None
-                if config.tie_word_embeddings
-                else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-            )
-        self.to(dtype=dtype)
-        self._keep_float32_params()
-        self.to_empty(device=device)
-        self.model.reset_rotary_buffers(device)
-        self.embed_scale = _in_dtype(config.embed_scale, dtype)
-        # Tensor parallelism: the LM head holds a slice of the vocabulary, and this joins the
-        # ranks' logits into the full vocabulary (`models/tensor_parallel.py`).
-        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
-        self._fill_constant()
-        self.requires_grad_(False)
+    def _build(self) -> None:
+        self.model = _Backbone(self.config, self.backends)
+        self._build_lm_head()
+
+    def _materialize(self, device: torch.device | str, options: dict[str, Any]) -> None:
+        super()._materialize(device, options)
+        self.embed_scale = _in_dtype(self.config.embed_scale, self.dtype)
         self.batch_invariant = False
-        if (backend_options or {}).get("batch_invariant", False):
+        if options.get("batch_invariant", False):
             make_batch_invariant(self)
 
-    @staticmethod
+    def _cast(self) -> None:
+        super()._cast()
+        for name, param in self.named_parameters():
+            if name.endswith(FLOAT32_PARAMS):
+                param.data = param.data.float()
+
+    def _reset_rotary(self, device: torch.device | str) -> None:
+        self.model.reset_rotary_buffers(device)
+
     def _make_backends(
-        config: ModelConfig,
-        backend_cls: type[AttentionBackend],
-        dtype: torch.dtype,
-        device: torch.device,
-        options: dict[str, Any],
+        self, backend_cls: type[AttentionBackend], options: dict[str, Any], device: torch.device
     ) -> dict[BackendKey, AttentionBackend]:
         """One instance per distinct attention kind, in first-seen layer order. State layers
         use the backend the selector picks for their layer kind, whatever attention backend
         was selected."""
+        config, dtype = self.config, self.dtype
         backends: dict[BackendKey, AttentionBackend] = {}
         for kind in config.layer_kinds:
             key = _backend_key(kind)
@@ -163,19 +145,10 @@ class DecoderModel(nn.Module):
                 )
         return backends
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
-
     def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
         for layer in self.model.layers:
             attn = cast(DecoderLayer, layer).self_attn
             yield cast(LayerConfig, attn.layer_config), cast(AttentionBackend, attn.backend)
-
-    def _keep_float32_params(self) -> None:
-        for name, param in self.named_parameters():
-            if name.endswith(FLOAT32_PARAMS):
-                param.data = param.data.float()
 
     def _fill_constant(self) -> None:
         identity = norm_identity(self.config.norm_style)
@@ -186,13 +159,8 @@ class DecoderModel(nn.Module):
     def init_random_weights(self, seed: int) -> None:
         """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32, norms the
         identity (1, or 0 for the Gemma norm style)."""
-        gen = torch.Generator().manual_seed(seed)
         identity = norm_identity(self.config.norm_style)
-        for name, param in self.named_parameters():
-            if _is_norm(name):
-                param.fill_(identity)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+        self._init_random_parameters(seed, lambda name: identity if _is_norm(name) else None)
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -210,9 +178,8 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32 (soft-capped in the
         model dtype with `final_logit_softcap`, as transformers)."""
-        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         linear = invariant_linear if self.batch_invariant else nn.functional.linear
-        logits = linear(hidden, head.weight)
+        logits = linear(hidden, self._head_weight())
         if self.gather_logits is not None:
             logits = self.gather_logits(logits)
         cap = self.config.final_logit_softcap

@@ -22,13 +22,14 @@ Parameter names are transformers' own, so a `save_pretrained` checkpoint loads a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.models.attention_model import CausalLM, fill_ones_and_zeros
 from unified_attn.models.deepseek_config import DeepseekConfig, RopeLayout
 from unified_attn.models.deepseek_moe import DeepseekMoE, DeepseekRouter
 from unified_attn.models.layers import RMSNorm
@@ -175,76 +176,57 @@ def mla_layer_config(config: DeepseekConfig, index: int) -> LayerConfig:
 # ---- the model ----------------------------------------------------------------------------------
 
 
-class DeepseekForCausalLM(nn.Module):
+class DeepseekForCausalLM(CausalLM[DeepseekConfig, str]):
     """Inference-only DeepSeek-V2/V3. Weights start constant (norms 1, the rest 0): call
     `init_random_weights` or load a checkpoint (`load_deepseek`). Every layer attends through
     one MLA backend instance (`backends["mla"]`)."""
 
-    def __init__(
-        self,
-        config: DeepseekConfig,
-        backend_cls: type[AttentionBackend],
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend_options: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.config, self.dtype = config, dtype
+    model: _Backbone
+
+    def _make_backends(
+        self, backend_cls: type[AttentionBackend], options: dict[str, Any], device: torch.device
+    ) -> dict[str, AttentionBackend]:
         backend = backend_cls(
             num_kv_heads=1,
-            head_size=config.latent_size,
-            dtype=dtype,
-            kv_lora_rank=config.kv_lora_rank,
-            **(backend_options or {}),
+            head_size=self.config.latent_size,
+            dtype=self.dtype,
+            kv_lora_rank=self.config.kv_lora_rank,
+            **options,
         )
-        self.backends = {"mla": backend}
-        self.rotary = DeepseekRotary(config)
-        # tensor parallelism: the ranks' vocabulary slices of the logits, concatenated
-        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
-        with torch.device("meta"):  # no init cost, no global RNG use
-            self.model = _Backbone(config, backend)
-            self.lm_head = (
-                None
-                if config.tie_word_embeddings
-                else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-            )
-        self.to(dtype=dtype)
+        return {"mla": backend}
+
+    def _prepare(self) -> None:
+        self.rotary = DeepseekRotary(self.config)
+
+    def _build(self) -> None:
+        self.model = _Backbone(self.config, self.backends["mla"])
+        self._build_lm_head()
+
+    def _cast(self) -> None:
+        super()._cast()
         for router in self._routers():  # transformers keeps the correction bias in float32
             if router.e_score_correction_bias is not None:
                 router.e_score_correction_bias = router.e_score_correction_bias.float()
-        self.to_empty(device=device)
+
+    def _reset_rotary(self, device: torch.device | str) -> None:
         self.rotary.reset(device)
-        self._fill_constant()
-        self.requires_grad_(False)
 
     def _routers(self) -> Iterator[DeepseekRouter]:
         return (m for m in self.modules() if isinstance(m, DeepseekRouter))
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
 
     def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
         for layer in self.model.layers:
             attn = cast(DeepseekDecoderLayer, layer).self_attn
             yield attn.layer_config, attn.backend
 
-    @torch.no_grad()
     def _fill_constant(self) -> None:
-        for name, tensor in (*self.named_parameters(), *self.named_buffers()):
-            tensor.fill_(1.0 if _is_norm(name) else 0.0)
+        fill_ones_and_zeros(self, _is_norm)
 
     @torch.no_grad()
     def init_random_weights(self, seed: int) -> None:
         """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32, norms 1,
         the routers' correction biases 0 (as transformers initialises them)."""
-        gen = torch.Generator().manual_seed(seed)
-        for name, param in self.named_parameters():
-            if _is_norm(name):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+        self._init_random_parameters(seed, lambda name: 1.0 if _is_norm(name) else None)
         for buffer in self.buffers():
             buffer.zero_()
 
@@ -257,13 +239,6 @@ class DeepseekForCausalLM(nn.Module):
         for layer in self.model.layers:
             hidden = layer(hidden, cos, sin)
         return cast(torch.Tensor, self.model.norm(hidden))
-
-    @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32."""
-        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        logits = nn.functional.linear(hidden, head.weight).float()
-        return logits if self.gather_logits is None else self.gather_logits(logits)
 
 
 def _is_norm(name: str) -> bool:

@@ -4,22 +4,16 @@ follow `config.json`), validated on construction; the model is in `models/deepse
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
-from unified_attn.models.config import RopeScaling
+from unified_attn.models.config import RopeScaling, as_token_ids, check_choices
 from unified_attn.utils import optional_positive_int, positive, positive_int
 
 Version = Literal["v2", "v3"]
 Routing = Literal["sigmoid_group_limited", "greedy", "group_limited_greedy"]
 RopeLayout = Literal["interleave", "halves", "pairs"]
-
-
-def _as_eos(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
 
 
 @attrs.frozen(kw_only=True)
@@ -57,7 +51,7 @@ class DeepseekConfig:
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_eos)
+    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=as_token_ids)
 
     def __attrs_post_init__(self) -> None:
         choices = {
@@ -65,12 +59,7 @@ class DeepseekConfig:
             "routing": ("sigmoid_group_limited", "greedy", "group_limited_greedy"),
             "rope_layout": ("interleave", "halves", "pairs"),
         }
-        for field, valid in choices.items():
-            if getattr(self, field) not in valid:
-                raise ValueError(
-                    f"DeepseekConfig {self.name}: {field} must be one of {valid}, got "
-                    f"{getattr(self, field)!r}"
-                )
+        check_choices(f"DeepseekConfig {self.name}", self, choices)
         if self.qk_rope_head_dim % 2:
             raise ValueError(
                 f"DeepseekConfig {self.name}: RoPE needs an even qk_rope_head_dim, got "

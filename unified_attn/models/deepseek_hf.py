@@ -1,12 +1,13 @@
 """DeepSeek-V2/V3 checkpoints in Hugging Face layout: `config.json` into a `DeepseekConfig`
 (`deepseek_config_from_hf`: transformers' defaults for missing fields, unsupported features
-refused by name), and the weights as a checked state dict (`load_deepseek`; `load_checked` and
-`check_state` serve DeepSeek-V4's loader too). Multi-token-prediction layers
+refused by name), and the weights as a checked state dict (`load_deepseek`; `check_state`
+serves DeepSeek-V4's loader too). Multi-token-prediction layers
 (`model.layers.{num_hidden_layers}.*` of real V3 checkpoints) are dropped, as transformers does.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +17,8 @@ from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig, Version
 from unified_attn.models.fp8_checkpoint import fp8_blocks
-from unified_attn.models.hf_config import HFConfig, mla_version, read_hf_config
+from unified_attn.models.hf_checkpoint import CheckpointFormat
+from unified_attn.models.hf_config import HFConfig, mla_version
 from unified_attn.models.hf_rope import rope_fields
 from unified_attn.models.moe import stack_expert_weights
 
@@ -112,37 +114,9 @@ def load_deepseek(
     backend_options: dict[str, Any] | None = None,
 ) -> tuple[DeepseekForCausalLM, Any]:
     """The model (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
-    # imported here: `presets` imports this module and the tokenizer imports `presets`
-    from unified_attn.models.hf import read_state_dict
-
-    path = Path(path)
-    hf = read_hf_config(path)
-    config = deepseek_config_from_hf(hf, name=path.name)
-    state = _model_names(read_state_dict(path, fp8_blocks(hf, path.name)), config)
-    hint = "layers, q_lora_rank, experts, first_k_dense_replace"
-    return load_checked(DeepseekForCausalLM, config, state, path, hint, backend_cls,
-                        dtype=dtype, device=device, backend_options=backend_options)  # fmt: skip
-
-
-def load_checked(
-    model_cls: Any,
-    config: Any,
-    state: dict[str, torch.Tensor],
-    path: Path,
-    hint: str,
-    backend_cls: type[AttentionBackend],
-    **model_kwargs: Any,
-) -> tuple[Any, Any]:
-    """`model_cls(config, backend_cls, **model_kwargs)` with `state` loaded, after checking its
-    names and shapes on a meta-device model (`hint`: the config.json fields to check when they
-    do not match), and the checkpoint's tokenizer (None without one)."""
-    from unified_attn.models.tokenizer import load_tokenizer
-
-    expected = model_cls(config, backend_cls, device="meta").state_dict()
-    check_state(state, expected, str(path), hint)
-    model = model_cls(config, backend_cls, **model_kwargs)
-    model.load_state_dict(state)
-    return model, load_tokenizer(path)
+    return _FORMAT.load(
+        path, backend_cls, dtype=dtype, device=device, backend_options=backend_options
+    )
 
 
 def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[str, torch.Tensor]:
@@ -176,6 +150,16 @@ def check_state(
                 f"weight {name} of {source} has shape {tuple(state[name].shape)}, the config "
                 f"implies {tuple(expected[name].shape)}; check config.json's sizes"
             )
+
+
+# after `_model_names` and `check_state`, which it names
+_FORMAT = CheckpointFormat(
+    model_cls=DeepseekForCausalLM,
+    read_config=deepseek_config_from_hf,
+    model_names=_model_names,
+    check=partial(check_state, hint="layers, q_lora_rank, experts, first_k_dense_replace"),
+    fp8=True,
+)
 
 
 def _few(names: set[str], limit: int = 6) -> str:

@@ -19,7 +19,7 @@ Parameter names are transformers' own, so a `save_pretrained` checkpoint loads a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 import attrs
@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
-from unified_attn.models.config import RopeScaling
+from unified_attn.models.attention_model import CausalLM, fill_ones_and_zeros
+from unified_attn.models.config import RopeScaling, as_token_ids
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING, V4Rotary, v4_norm
 from unified_attn.models.deepseek_v4_layers import SCORES, DeepseekV4DecoderLayer, HyperHead
 from unified_attn.utils import positive, positive_int
@@ -40,12 +41,6 @@ MLP_LAYER_TYPES = ("hash_moe", "moe")
 
 def _as_names(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
-
-
-def _as_eos(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list | tuple) else (int(value),)
 
 
 @attrs.frozen(kw_only=True)
@@ -90,7 +85,7 @@ class DeepseekV4Config:
     max_position_embeddings: int = attrs.field(default=4096, validator=positive_int)
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_eos)
+    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=as_token_ids)
 
     def __attrs_post_init__(self) -> None:
         for field, allowed in (("layer_types", LAYER_TYPES), ("mlp_layer_types", MLP_LAYER_TYPES)):
@@ -186,46 +181,31 @@ def keeps_float32(name: str) -> bool:
     return any(part in name for part in _FLOAT32)
 
 
-class DeepseekV4ForCausalLM(nn.Module):
+class DeepseekV4ForCausalLM(CausalLM[DeepseekV4Config, str]):
     """Inference-only DeepSeek-V4. Weights start constant (norms 1, the rest 0): call
     `init_random_weights` or load a checkpoint (`load_deepseek_v4`)."""
 
-    def __init__(
-        self,
-        config: DeepseekV4Config,
-        backend_cls: type[AttentionBackend],
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        backend_options: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        self.config, self.dtype = config, dtype
-        self.backends = make_backends(config, backend_cls, dtype, backend_options or {})
-        self.rotary = V4Rotary(config)
-        # tensor parallelism: the ranks' vocabulary slices of the logits, concatenated
-        self.gather_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
-        with torch.device("meta"):  # no init cost, no global RNG use
-            self.model = _Backbone(config, self.backends)
-            self.lm_head = (
-                None
-                if config.tie_word_embeddings
-                else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-            )
-        self._cast(dtype)
-        self.to_empty(device=device)
-        self.rotary.reset(device)
-        self._fill_constant()
-        self.requires_grad_(False)
+    model: _Backbone
 
-    def _cast(self, dtype: torch.dtype) -> None:
+    def _make_backends(
+        self, backend_cls: type[AttentionBackend], options: dict[str, Any], device: torch.device
+    ) -> dict[str, AttentionBackend]:
+        return make_backends(self.config, backend_cls, self.dtype, options)
+
+    def _prepare(self) -> None:
+        self.rotary = V4Rotary(self.config)
+
+    def _build(self) -> None:
+        self.model = _Backbone(self.config, self.backends)
+        self._build_lm_head()
+
+    def _cast(self) -> None:
         for name, tensor in (*self.named_parameters(), *self.named_buffers()):
             if tensor.is_floating_point():
-                tensor.data = tensor.data.to(torch.float32 if keeps_float32(name) else dtype)
+                tensor.data = tensor.data.to(torch.float32 if keeps_float32(name) else self.dtype)
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+    def _reset_rotary(self, device: torch.device | str) -> None:
+        self.rotary.reset(device)
 
     def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
         """Every cache user of every layer, layer by layer."""
@@ -233,22 +213,15 @@ class DeepseekV4ForCausalLM(nn.Module):
             for user in cast(DeepseekV4DecoderLayer, layer).self_attn.users.values():
                 yield user.layer, user.backend
 
-    @torch.no_grad()
     def _fill_constant(self) -> None:
-        for name, tensor in (*self.named_parameters(), *self.named_buffers()):
-            tensor.fill_(1.0 if _starts_at_one(name) else 0)
+        fill_ones_and_zeros(self, _starts_at_one)
 
     @torch.no_grad()
     def init_random_weights(self, seed: int) -> None:
         """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32; norms and the
         hyper-connection scales 1; sinks, biases and position biases 0; hash layers route each
         token to `num_experts_per_tok` distinct random experts."""
-        gen = torch.Generator().manual_seed(seed)
-        for name, param in self.named_parameters():
-            if _starts_at_one(name) or _starts_at_zero(name):
-                param.fill_(1.0 if _starts_at_one(name) else 0.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+        gen = self._init_random_parameters(seed, _starting_value)
         for name, buffer in self.named_buffers():
             if name.endswith("tid2eid"):
                 order = torch.rand(buffer.shape[0], self.config.n_routed_experts, generator=gen)
@@ -266,12 +239,12 @@ class DeepseekV4ForCausalLM(nn.Module):
             streams = layer(streams, input_ids, positions, self.rotary)
         return cast(torch.Tensor, self.model.norm(self.model.hc_head(streams)))
 
-    @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden `[N, hidden_size]` -> logits `[N, vocab_size]` float32."""
-        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        logits = nn.functional.linear(hidden, head.weight).float()
-        return logits if self.gather_logits is None else self.gather_logits(logits)
+
+def _starting_value(name: str) -> float | None:
+    """The constant a parameter starts at in `init_random_weights` (None: drawn)."""
+    if _starts_at_one(name):
+        return 1.0
+    return 0.0 if _starts_at_zero(name) else None
 
 
 def _starts_at_one(name: str) -> bool:

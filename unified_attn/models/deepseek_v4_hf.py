@@ -11,17 +11,19 @@ as transformers folds them.
 from __future__ import annotations
 
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models.deepseek_hf import load_checked
+from unified_attn.models.deepseek_hf import check_state
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
 from unified_attn.models.fp8_checkpoint import fp8_blocks
-from unified_attn.models.hf_config import HFConfig, is_deepseek_v4, read_hf_config
+from unified_attn.models.hf_checkpoint import CheckpointFormat
+from unified_attn.models.hf_config import HFConfig, is_deepseek_v4
 from unified_attn.models.hf_rope import rope
 from unified_attn.models.moe import stack_expert_weights
 
@@ -194,12 +196,15 @@ def load_deepseek_v4(
     backend_options: dict[str, Any] | None = None,
 ) -> tuple[DeepseekV4ForCausalLM, Any]:
     """The model (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
-    from unified_attn.models.hf import read_state_dict
+    return _FORMAT.load(
+        path, backend_cls, dtype=dtype, device=device, backend_options=backend_options
+    )
 
-    path = Path(path)
-    hf = read_hf_config(path)
-    config = deepseek_v4_config_from_hf(hf, name=path.name)
-    state = checkpoint_names(read_state_dict(path, fp8_blocks(hf, path.name)), config)
-    hint = "num_hidden_layers, layer_types, mlp_layer_types, experts"
-    return load_checked(DeepseekV4ForCausalLM, config, state, path, hint, backend_cls,
-                        dtype=dtype, device=device, backend_options=backend_options)  # fmt: skip
+
+_FORMAT = CheckpointFormat(
+    model_cls=DeepseekV4ForCausalLM,
+    read_config=deepseek_v4_config_from_hf,
+    model_names=checkpoint_names,
+    check=partial(check_state, hint="num_hidden_layers, layer_types, mlp_layer_types, experts"),
+    fp8=True,
+)

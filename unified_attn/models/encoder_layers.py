@@ -1,6 +1,6 @@
 """What the encoder families (BERT, BART) share: activations by name, post-LN residual blocks
-with LayerNorm, the backend call of an attention layer, and building a model on "meta" with
-constant or random weights."""
+with LayerNorm, the backend call of an attention layer, and the model base (`EncoderModel`:
+built on "meta", constant or random weights)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.models.attention_model import AttentionModel, ConfigT
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
@@ -121,6 +122,19 @@ def init_random(model: nn.Module, seed: int) -> None:
     for buffer in model.buffers():
         buffer.zero_()
     _layer_norms_identity(model)
+
+
+class EncoderModel(AttentionModel[ConfigT, str]):
+    """A BERT or BART model: LayerNorms the identity, the rest 0 until weights are loaded or
+    `init_random_weights` draws them."""
+
+    def _materialize(self, device: torch.device | str, options: dict[str, Any]) -> None:
+        materialize(self, self.dtype, device)
+
+    def init_random_weights(self, seed: int) -> None:
+        """normal(0, 0.02) drawn on CPU in float32, LayerNorms the identity, buffers (BART's
+        logits bias) 0."""
+        init_random(self, seed)
 
 
 def _layer_norms(model: nn.Module) -> list[nn.LayerNorm]:

@@ -12,20 +12,19 @@ found and what to do; names and shapes are checked on a meta-device model first.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from torch import nn
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.bart import BartConfig, EncoderDecoderModel
 from unified_attn.models.bert import BertConfig, BertEncoderModel
-from unified_attn.models.hf import read_state_dict
-from unified_attn.models.hf_config import HFConfig, read_hf_config
-from unified_attn.models.tokenizer import HFTokenizer, load_tokenizer
+from unified_attn.models.hf_checkpoint import CheckpointFormat
+from unified_attn.models.hf_config import HFConfig
+from unified_attn.models.tokenizer import HFTokenizer
 
 __all__ = ["bart_config_from_hf", "bert_config_from_hf", "load_bart", "load_bert"]
 
@@ -134,7 +133,6 @@ def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
-ModelT = TypeVar("ModelT", bound=nn.Module)
 ConfigT = TypeVar("ConfigT", BertConfig, BartConfig)
 
 
@@ -161,12 +159,9 @@ def load_bert(
     backend_options: dict[str, Any] | None = None,
 ) -> tuple[BertEncoderModel, HFTokenizer | None]:
     """BERT encoder (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
-    path = Path(path)
-    config = bert_config_from_hf(read_hf_config(path), name=path.name)
-    raw = _bert_names(read_state_dict(path))
-    build = functools.partial(BertEncoderModel, config, backend_cls)
-    model = _build_loaded(build, raw, path, "BertModel", dtype, device, backend_options)
-    return model, load_tokenizer(path)
+    return _BERT.load(
+        path, backend_cls, dtype=dtype, device=device, backend_options=backend_options
+    )
 
 
 def load_bart(
@@ -178,33 +173,14 @@ def load_bart(
     backend_options: dict[str, Any] | None = None,
 ) -> tuple[EncoderDecoderModel, HFTokenizer | None]:
     """BART (weights loaded, cast to `dtype`) and the checkpoint's tokenizer, if any."""
-    path = Path(path)
-    config = bart_config_from_hf(read_hf_config(path), name=path.name)
-    raw = _bart_names(read_state_dict(path), config)
-    build = functools.partial(EncoderDecoderModel, config, backend_cls)
-    arch = "BartForConditionalGeneration"
-    model = _build_loaded(build, raw, path, arch, dtype, device, backend_options)
-    return model, load_tokenizer(path)
+    return _BART.load(
+        path, backend_cls, dtype=dtype, device=device, backend_options=backend_options
+    )
 
 
-def _build_loaded(
-    build: Callable[..., ModelT],
-    raw: dict[str, torch.Tensor],
-    path: Path,
-    architecture: str,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    backend_options: dict[str, Any] | None,
-) -> ModelT:
-    """Check `raw` against a meta-device model of `build`, then build the real one and load."""
-    state = _checked(raw, build(device="meta"), str(path), architecture)
-    model = build(dtype=dtype, device=device, backend_options=backend_options)
-    model.load_state_dict(state)
-    return model
-
-
-def _bert_names(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`BertModel` names: `bert.` dropped (with the task heads outside it), no pooler."""
+def _bert_names(raw: dict[str, torch.Tensor], config: BertConfig) -> dict[str, torch.Tensor]:
+    """`BertModel` names: `bert.` dropped (with the task heads outside it), no pooler (the
+    names do not depend on `config`)."""
     if any(name.startswith("bert.") for name in raw):
         raw = {name[5:]: t for name, t in raw.items() if name.startswith("bert.")}
     ignored = ("pooler.", "embeddings.position_ids", "embeddings.token_type_ids")
@@ -232,11 +208,12 @@ def _bart_names(raw: dict[str, torch.Tensor], config: BartConfig) -> dict[str, t
     return state
 
 
-def _checked(
-    state: dict[str, torch.Tensor], expected_model: nn.Module, source: str, arch: str
-) -> dict[str, torch.Tensor]:
-    """`state` once its names and shapes are those of `expected_model` (a meta model)."""
-    expected = {n: tuple(t.shape) for n, t in expected_model.state_dict().items()}
+def _check(
+    state: dict[str, torch.Tensor], expected_state: dict[str, torch.Tensor], source: str, arch: str
+) -> None:
+    """A `ValueError` unless `state` has the names and shapes of `expected_state` (a meta
+    model's)."""
+    expected = {n: tuple(t.shape) for n, t in expected_state.items()}
     missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
     if unexpected:
         raise ValueError(
@@ -256,10 +233,23 @@ def _checked(
                 f"config implies {expected[name]}; check config.json's sizes against the "
                 "checkpoint"
             )
-    return state
 
 
 def _few(names: set[str], limit: int = 8) -> str:
     shown = sorted(names)[:limit]
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return f"{shown}{more}" if names else "none"
+
+
+_BERT = CheckpointFormat(
+    model_cls=BertEncoderModel,
+    read_config=bert_config_from_hf,
+    model_names=_bert_names,
+    check=partial(_check, arch="BertModel"),
+)
+_BART = CheckpointFormat(
+    model_cls=EncoderDecoderModel,
+    read_config=bart_config_from_hf,
+    model_names=_bart_names,
+    check=partial(_check, arch="BartForConditionalGeneration"),
+)

@@ -18,12 +18,17 @@ def _arch(hf: HFConfig) -> str:
     return str((hf.get("architectures") or [hf.get("model_type", "config.json")])[0])
 
 
+def _projection_bias(hf: HFConfig, default: bool = False) -> dict[str, bool]:
+    """`attention_bias` as Llama, Qwen3, Gemma and GPT-OSS read it: biases on q/k/v and o_proj,
+    or on none of them."""
+    bias = bool(hf.get("attention_bias", default))
+    return dict(attention_bias=bias, attention_output_bias=bias)
+
+
 def _llama(hf: HFConfig) -> dict[str, Any]:
     _check_activation(hf, "hidden_act", "silu")
-    bias = bool(hf.get("attention_bias", False))
     return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
+        **_projection_bias(hf),
         mlp_bias=bool(hf.get("mlp_bias", False)),
         layer_kinds=[LayerKind.full()] * hf["num_hidden_layers"],
     )
@@ -37,10 +42,8 @@ def _qwen2(hf: HFConfig) -> dict[str, Any]:
 def _qwen3(hf: HFConfig) -> dict[str, Any]:
     """Qwen2 with an RMSNorm over each q and k head, and biases on all four projections or none."""
     _check_activation(hf, "hidden_act", "silu")
-    bias = bool(hf.get("attention_bias", False))
     return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
+        **_projection_bias(hf),
         qk_norm=True,
         layer_kinds=_qwen2_layer_kinds(hf),
     )
@@ -100,10 +103,8 @@ def _gemma_common(hf: HFConfig) -> dict[str, Any]:
     _check_activation(hf, "hidden_activation", "gelu_pytorch_tanh")
     if hf.get("use_bidirectional_attention"):
         raise ValueError(f"{arch}: use_bidirectional_attention is not supported")
-    bias = bool(hf.get("attention_bias", False))
     return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
+        **_projection_bias(hf),
         mlp_kind="geglu",
         norm_style="gemma",
         post_norms=True,
@@ -163,7 +164,6 @@ def _gemma3_rope(hf: HFConfig) -> dict[str, Any]:
 
 
 def _gpt_oss(hf: HFConfig) -> dict[str, Any]:
-    bias = bool(hf.get("attention_bias", True))
     moe = MoEConfig(
         num_experts=hf.get("num_local_experts") or hf["num_experts"],
         top_k=hf.get("num_experts_per_tok", 4),
@@ -172,8 +172,7 @@ def _gpt_oss(hf: HFConfig) -> dict[str, Any]:
     )
     types, window = _alternating_types(hf), hf.get("sliding_window", 128)
     return dict(
-        attention_bias=bias,
-        attention_output_bias=bias,
+        **_projection_bias(hf, default=True),
         mlp_kind="moe",
         moe=moe,
         norm_style="float32",

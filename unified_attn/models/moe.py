@@ -26,7 +26,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from unified_attn.kernels.moe.grouped_experts import Activation, ExpertWeights, grouped_experts
+from unified_attn.kernels.moe.grouped_experts import (
+    Activation,
+    ExpertWeights,
+    GroupedConfig,
+    grouped_experts,
+)
 from unified_attn.models.config import ModelConfig, MoEConfig
 from unified_attn.models.mlp import MLP
 
@@ -81,7 +86,31 @@ def _expert_weight(
     return (routing_weights * (expert_ids == index)).sum(-1, keepdim=True)
 
 
-class Experts(nn.Module):
+class StackedExperts(nn.Module):
+    """What both expert layouts share: the weighted sum over each token's chosen experts, each
+    expert only on its tokens on CUDA (`grouped_experts`), else `reference`."""
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x `[T, D]`, the router's weights and expert ids `[T, k]` -> `[T, D]`."""
+        if x.is_cuda:
+            return grouped_experts(x, weights, ids, *self.kernel_weights(), self._tile_config(x))
+        return self.reference(x, weights, ids)
+
+    def _tile_config(self, x: torch.Tensor) -> GroupedConfig | None:
+        """The grouped kernels' tile configuration (None: theirs for the batch size);
+        batch-invariant mode fixes one for every batch."""
+        return None
+
+    def kernel_weights(self) -> tuple[ExpertWeights, Activation]:
+        """The parameters (no copies) and the activation as `grouped_experts` takes them."""
+        raise NotImplementedError
+
+    def reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Every expert on every token (weight 0 where not chosen)."""
+        raise NotImplementedError
+
+
+class Experts(StackedExperts):
     """GPT-OSS's `num_experts` clamped-SwiGLU MLPs with biases, stacked (gate and up in
     alternate columns): grouped on CUDA, else `reference`."""
 
@@ -112,15 +141,6 @@ class Experts(nn.Module):
     def _sigmoid(x: torch.Tensor) -> torch.Tensor:
         """(Batch-invariant mode replaces it.)"""
         return torch.sigmoid(x)
-
-    def forward(
-        self, x: torch.Tensor, routing_weights: torch.Tensor, expert_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """Weighted sum over each token's chosen experts: each expert only on its tokens on
-        CUDA (`grouped_experts`), else `reference`."""
-        if x.is_cuda:
-            return grouped_experts(x, routing_weights, expert_ids, *self.kernel_weights())
-        return self.reference(x, routing_weights, expert_ids)
 
     def kernel_weights(self) -> tuple[ExpertWeights, Activation]:
         """The parameters (no copies) and the activation as `grouped_experts` takes them."""
@@ -153,7 +173,7 @@ def swiglu(
     return silu(gate) * up
 
 
-class RoutedExperts(nn.Module):
+class RoutedExperts(StackedExperts):
     """`mlp.experts`: `gate_up_proj [E, 2I, D]` (gate rows, then up rows), `down_proj
     [E, D, I]`; SwiGLU experts, clamped to `limit` when given (DeepSeek-V4)."""
 
@@ -165,13 +185,6 @@ class RoutedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * intermediate_size,
                                                      hidden_size))  # fmt: skip
         self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
-
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x `[T, D]`, the router's weights and expert ids `[T, k]` -> the weighted sum over each
-        token's chosen experts `[T, D]`: the grouped kernels on CUDA, else `reference`."""
-        if x.is_cuda:
-            return grouped_experts(x, weights, ids, *self.kernel_weights())
-        return self.reference(x, weights, ids)
 
     def kernel_weights(self) -> tuple[ExpertWeights, Activation]:
         """The parameters (no copies) and the activation as `grouped_experts` takes them."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from unified_attn.models.config import LayerKind, ModelConfig, MoEConfig, RopeScaling
@@ -26,6 +28,23 @@ _TINY_LLAMA = ModelConfig(
     tie_word_embeddings=True,
     bos_token_id=BYTE_BOS_ID,
     eos_token_id=BYTE_EOS_ID,
+)
+
+
+def _tiny_yarn(**fields: Any) -> RopeScaling:
+    """YaRN at the presets' scale: 4x a 512-token original context (`fields`: the family's
+    own YaRN settings)."""
+    return RopeScaling(rope_type="yarn", factor=4.0, original_max_position_embeddings=512, **fields)
+
+
+# What the presets of other config types take from tiny-llama: its vocabulary (the byte
+# tokenizer's), width and context, and the byte tokenizer's special tokens.
+_TINY_SCALE: dict[str, Any] = dict(
+    vocab_size=_TINY_LLAMA.vocab_size,
+    hidden_size=_TINY_LLAMA.hidden_size,
+    max_position_embeddings=_TINY_LLAMA.max_position_embeddings,
+    bos_token_id=BYTE_BOS_ID,
+    eos_token_ids=(BYTE_EOS_ID,),
 )
 
 
@@ -67,9 +86,7 @@ _GPT_OSS_LIKE = attrs.evolve(
     moe=MoEConfig(num_experts=4, top_k=2),
     norm_style="float32",
     rope_theta=150000.0,
-    rope_scaling=RopeScaling(
-        rope_type="yarn", factor=4.0, original_max_position_embeddings=512, truncate=False
-    ),
+    rope_scaling=_tiny_yarn(truncate=False),
     layer_kinds=_alternate(
         LayerKind.sliding(128, has_sinks=True), LayerKind.full(has_sinks=True), 4
     ),
@@ -121,10 +138,9 @@ PRESETS: dict[str, ModelConfig] = {
 # `ModelConfig` (those are Llama-family decoders): `DeepseekForCausalLM` builds it.
 MLA_PRESETS: dict[str, DeepseekConfig] = {
     "deepseek-v3-like": DeepseekConfig(
+        **_TINY_SCALE,
         name="deepseek-v3-like",
         version="v3",
-        vocab_size=384,
-        hidden_size=128,
         intermediate_size=352,
         moe_intermediate_size=64,
         num_layers=4,
@@ -141,16 +157,7 @@ MLA_PRESETS: dict[str, DeepseekConfig] = {
         topk_group=1,
         routed_scaling_factor=2.5,
         first_k_dense_replace=1,
-        rope_scaling=RopeScaling(
-            rope_type="yarn",
-            factor=4.0,
-            original_max_position_embeddings=512,
-            mscale=1.0,
-            mscale_all_dim=1.0,
-        ),
-        max_position_embeddings=2048,
-        bos_token_id=BYTE_BOS_ID,
-        eos_token_ids=(BYTE_EOS_ID,),
+        rope_scaling=_tiny_yarn(mscale=1.0, mscale_all_dim=1.0),
     ),
 }
 
@@ -163,9 +170,8 @@ MLA_PRESETS: dict[str, DeepseekConfig] = {
 # tokens per block and one compressed group of 64 (`unified-attn plan --model deepseek-v4-like`).
 V4_PRESETS: dict[str, DeepseekV4Config] = {
     "deepseek-v4-like": DeepseekV4Config(
+        **_TINY_SCALE,
         name="deepseek-v4-like",
-        vocab_size=384,
-        hidden_size=128,
         moe_intermediate_size=64,
         num_layers=5,
         num_heads=4,
@@ -190,15 +196,7 @@ V4_PRESETS: dict[str, DeepseekV4Config] = {
         index_topk=4,
         n_routed_experts=4,
         num_experts_per_tok=2,
-        compress_rope_scaling=RopeScaling(
-            rope_type="yarn",
-            factor=4.0,
-            original_max_position_embeddings=512,
-            attention_factor=1.0,
-        ),
-        max_position_embeddings=2048,
-        bos_token_id=BYTE_BOS_ID,
-        eos_token_ids=(BYTE_EOS_ID,),
+        compress_rope_scaling=_tiny_yarn(attention_factor=1.0),
     ),
 }
 

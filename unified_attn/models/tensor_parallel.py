@@ -22,7 +22,7 @@ model's: greedy tokens match the single-device model up to the float rounding of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import attrs
 import torch
@@ -196,25 +196,49 @@ def shard_decoder(
     row-parallel projections and the embedding that all-reduce, and logits all-gathered over
     the vocabulary. `model_kwargs` go to `DecoderModel` (`backend_options`)."""
     plan = shard_plan(full.config, rank, world_size)
-    local = DecoderModel(
-        shard_config(full.config, plan),
-        backend_cls,
-        dtype=full.dtype,
-        device=full.device if device is None else device,
-        **model_kwargs,
-    )
+    config = shard_config(full.config, plan)
+    local = local_model(DecoderModel, config, full, backend_cls, device, model_kwargs)
     state = full.state_dict()
     for name, param in local.named_parameters():
         param.copy_(_slice(name, state[name], tuple(param.shape), full.config, plan))
     finish_shard(full, local, plan.vocab_start, all_reduce, all_gather)
     for layer in local.model.layers:
-        attn, mlp = cast(Any, layer).self_attn, cast(Any, layer).mlp
+        attn = cast(Any, layer).self_attn
         attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
-        if isinstance(mlp, MLP):
-            cast(Any, mlp).down_proj = RowParallelLinear(mlp.down_proj, all_reduce)
-        else:  # experts (and a shared expert): one sum of the whole block
-            cast(Any, layer).mlp = ReducedOutput(mlp, all_reduce)
+        reduce_mlp(layer, all_reduce)
     return local
+
+
+ModelT = TypeVar("ModelT")
+
+
+def local_model(
+    model_cls: Callable[..., ModelT],
+    config: Any,
+    full: Any,
+    backend_cls: type[AttentionBackend],
+    device: torch.device | str | None,
+    model_kwargs: dict[str, Any],
+) -> ModelT:
+    """One rank's model of `config` (attention layers on `backend_cls`), in `full`'s dtype, on
+    `device` (default `full`'s); `model_kwargs` go to the constructor (`backend_options`)."""
+    return model_cls(
+        config,
+        backend_cls,
+        dtype=full.dtype,
+        device=full.device if device is None else device,
+        **model_kwargs,
+    )
+
+
+def reduce_mlp(layer: Any, all_reduce: AllReduce) -> None:
+    """A layer's MLP on the rank's features, summed over the ranks: a dense MLP's row-parallel
+    `down_proj` all-reduces; experts (and shared experts) sum the whole block once."""
+    mlp = layer.mlp
+    if isinstance(mlp, MLP):
+        cast(Any, mlp).down_proj = RowParallelLinear(mlp.down_proj, all_reduce)
+    else:
+        layer.mlp = ReducedOutput(mlp, all_reduce)
 
 
 def finish_shard(

@@ -27,13 +27,13 @@ from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
-from unified_attn.models.mlp import MLP
 from unified_attn.models.tensor_parallel import (
     AllGather,
     AllReduce,
-    ReducedOutput,
     RowParallelLinear,
     finish_shard,
+    local_model,
+    reduce_mlp,
     stacked_experts_slice,
 )
 
@@ -101,13 +101,7 @@ def shard_deepseek(
     splitting the family's `split` fields (`shard_deepseek_config`); `model_kwargs` go to the
     model's constructor (`backend_options`)."""
     config = shard_deepseek_config(full.config, world_size, split)
-    local: Any = type(full)(
-        config,
-        backend_cls,
-        dtype=full.dtype,
-        device=full.device if device is None else device,
-        **model_kwargs,
-    )
+    local: Any = local_model(type(full), config, full, backend_cls, device, model_kwargs)
     state = {**dict(full.named_parameters()), **dict(full.named_buffers())}
     with torch.no_grad():
         for name, tensor in (*local.named_parameters(), *local.named_buffers()):
@@ -123,10 +117,7 @@ def shard_deepseek(
             attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
         else:
             attn.o_b_proj = RowParallelLinear(attn.o_b_proj, all_reduce)
-        if isinstance(layer.mlp, MLP):
-            layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj, all_reduce)  # type: ignore[assignment]
-        else:  # routed and shared experts: one sum of the whole block
-            layer.mlp = ReducedOutput(layer.mlp, all_reduce)
+        reduce_mlp(layer, all_reduce)
     return cast(DeepseekModels, local)
 
 

@@ -1,6 +1,6 @@
 """KV-cache tensor specs: page bytes per layer and strided views over one flat byte buffer."""
 
-from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
+from unified_attn.tensor_specs.base import KVCacheTensorSpec, TypedKVSpec, as_dtype, typed_view
 from unified_attn.tensor_specs.latent import CompressedLatentSpec, LatentKVSpec
 from unified_attn.tensor_specs.paged import PagedKVSpec
 from unified_attn.tensor_specs.state_spec import StateSpec
@@ -11,6 +11,7 @@ __all__ = [
     "LatentKVSpec",
     "PagedKVSpec",
     "StateSpec",
+    "TypedKVSpec",
     "as_dtype",
     "typed_view",
 ]

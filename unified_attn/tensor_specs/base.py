@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 import torch
@@ -82,3 +83,32 @@ class KVCacheTensorSpec(ABC):
         block_size: int,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The view a kernel indexes by physical block id (see the subclass for its shape)."""
+
+
+class TypedKVSpec(KVCacheTensorSpec):
+    """A spec whose block is one contiguous tensor of `dtype` (template method): a subclass
+    states the tensor's shape, and the page size and the view follow from it.
+
+    View: `[num_blocks, *block_shape(block_size)]`, block stride = the shared `bytes_per_block`
+    (which may exceed this layer's page: the rest of the block belongs to other layers).
+    """
+
+    dtype: torch.dtype  # the subclass's attrs field
+
+    @abstractmethod
+    def block_shape(self, block_size: int) -> tuple[int, ...]:
+        """The shape of one block's tensor."""
+
+    def page_size_bytes(self, block_size: int) -> int:
+        return math.prod(self.block_shape(block_size)) * self.dtype.itemsize
+
+    def make_view(
+        self,
+        buffer: torch.Tensor,
+        offset: int,
+        block_stride: int,
+        num_blocks: int,
+        block_size: int,
+    ) -> torch.Tensor:
+        shape = self.block_shape(block_size)
+        return typed_view(buffer, self.dtype, offset, block_stride, num_blocks, shape)

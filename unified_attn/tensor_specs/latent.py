@@ -15,7 +15,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
+from unified_attn.tensor_specs.base import TypedKVSpec, as_dtype
 from unified_attn.utils import positive_int
 
 
@@ -27,33 +27,21 @@ def _as_dtype(value: torch.dtype | str) -> torch.dtype:
 
 
 @attrs.frozen
-class LatentKVSpec(KVCacheTensorSpec):
+class LatentKVSpec(TypedKVSpec):
     """`block_size` latent vectors of `head_size` values per block.
 
-    View: `[num_blocks, block_size, head_size]`, block stride = the shared `bytes_per_block`
-    (which may exceed this layer's page: the rest of the block belongs to other layers).
+    View: `[num_blocks, block_size, head_size]` (see `TypedKVSpec` for the block stride).
     """
 
     head_size: int = attrs.field(validator=positive_int)
     dtype: torch.dtype = attrs.field(converter=_as_dtype)
 
-    def page_size_bytes(self, block_size: int) -> int:
-        return block_size * self.head_size * self.dtype.itemsize
-
-    def make_view(
-        self,
-        buffer: torch.Tensor,
-        offset: int,
-        block_stride: int,
-        num_blocks: int,
-        block_size: int,
-    ) -> torch.Tensor:
-        shape = (block_size, self.head_size)
-        return typed_view(buffer, self.dtype, offset, block_stride, num_blocks, shape)
+    def block_shape(self, block_size: int) -> tuple[int, ...]:
+        return (block_size, self.head_size)
 
 
 @attrs.frozen
-class CompressedLatentSpec(KVCacheTensorSpec):
+class CompressedLatentSpec(TypedKVSpec):
     """One latent of `head_size` values per `compress_rate` tokens (DeepSeek-V4's compressed
     caches: CSA/HCA entries and lightning-indexer keys).
 
@@ -81,16 +69,5 @@ class CompressedLatentSpec(KVCacheTensorSpec):
             )
         return block_size // self.compress_rate
 
-    def page_size_bytes(self, block_size: int) -> int:
-        return self.entries_per_block(block_size) * self.head_size * self.dtype.itemsize
-
-    def make_view(
-        self,
-        buffer: torch.Tensor,
-        offset: int,
-        block_stride: int,
-        num_blocks: int,
-        block_size: int,
-    ) -> torch.Tensor:
-        shape = (self.entries_per_block(block_size), self.head_size)
-        return typed_view(buffer, self.dtype, offset, block_stride, num_blocks, shape)
+    def block_shape(self, block_size: int) -> tuple[int, ...]:
+        return (self.entries_per_block(block_size), self.head_size)

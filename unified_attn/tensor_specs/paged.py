@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from unified_attn.tensor_specs.base import KVCacheTensorSpec, as_dtype, typed_view
+from unified_attn.tensor_specs.base import TypedKVSpec, as_dtype
 from unified_attn.utils import positive_int
 
 FP8_KV_DTYPE = torch.float8_e4m3fn  # what `kv_cache_dtype="fp8"` stores (vLLM's name)
@@ -45,12 +45,12 @@ def is_fp8_kv(dtype: torch.dtype | str) -> bool:
 
 
 @attrs.frozen
-class PagedKVSpec(KVCacheTensorSpec):
+class PagedKVSpec(TypedKVSpec):
     """K and V of `block_size` tokens per block, in `dtype` (`fp8` for float8 e4m3: one byte
     per element, half the page of bfloat16).
 
-    View: `[num_blocks, 2, block_size, num_kv_heads, head_size]` (index 0 = K, 1 = V), block
-    stride = the shared `bytes_per_block`.
+    View: `[num_blocks, 2, block_size, num_kv_heads, head_size]` (index 0 = K, 1 = V; see
+    `TypedKVSpec` for the block stride).
     """
 
     num_kv_heads: int = attrs.field(validator=positive_int)
@@ -66,16 +66,5 @@ class PagedKVSpec(KVCacheTensorSpec):
                 "(pad V to the K head size)."
             )
 
-    def page_size_bytes(self, block_size: int) -> int:
-        return 2 * block_size * self.num_kv_heads * self.head_size * self.dtype.itemsize
-
-    def make_view(
-        self,
-        buffer: torch.Tensor,
-        offset: int,
-        block_stride: int,
-        num_blocks: int,
-        block_size: int,
-    ) -> torch.Tensor:
-        shape = (2, block_size, self.num_kv_heads, self.head_size)
-        return typed_view(buffer, self.dtype, offset, block_stride, num_blocks, shape)
+    def block_shape(self, block_size: int) -> tuple[int, ...]:
+        return (2, block_size, self.num_kv_heads, self.head_size)

@@ -26,13 +26,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
-from unified_attn.backends.kv_quant import (
-    KVScales,
-    fp8_name_as_dtype,
-    fp8_scales,
-    kv_cache_dtype_reasons,
-    step_writes_keys,
-)
+from unified_attn.backends.kv_quant import FP8KVBackend, kv_cache_dtype_reasons, step_writes_keys
 from unified_attn.backends.triton.ops import (
     SplitPlan,
     SplitScratch,
@@ -65,7 +59,7 @@ class TritonPlan:
 
 
 @register_backend(priority={"cuda": 100, "cpu": 1})
-class TritonAttentionBackend(AttentionBackend[TritonPlan]):
+class TritonAttentionBackend(FP8KVBackend[TritonPlan], AttentionBackend[TritonPlan]):
     name = "triton"
 
     @classmethod
@@ -97,7 +91,7 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         return True
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**fp8_name_as_dtype(kwargs))
+        super().__init__(**kwargs)
         if self.attn_type == CROSS:
             reasons = cross_attention_reasons(self.sliding_window, self.attention_chunk_size)
             if reasons:
@@ -111,13 +105,6 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         self.max_num_heads = self.num_kv_heads
         # Split-KV partial results: persistent, grown by prep_forward, never shrunk.
         self.scratch = SplitScratch()
-        # fp8 cache: each layer's K/V scales (None: the cache holds the model dtype)
-        self.kv_scales: KVScales | None = fp8_scales(self)
-
-    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        super().bind_kv_caches(kv_caches, block_table_map)
-        if self.kv_scales is not None and kv_caches:
-            self.kv_scales.bind(kv_caches, next(iter(kv_caches.values())).device)
 
     def check_layer(self, layer: LayerConfig) -> None:
         super().check_layer(layer)
@@ -271,25 +258,6 @@ class TritonAttentionBackend(AttentionBackend[TritonPlan]):
         scales = self._layer_scales(layer, given_scales, k, v, slots)
         write_kv_cache(k, v, k_cache, v_cache, slots, scales)
         return k_cache, v_cache, plan.block_tables[gid], scales
-
-    def _layer_scales(
-        self,
-        layer: LayerConfig,
-        given: torch.Tensor | None,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        slots: torch.Tensor,
-    ) -> torch.Tensor | None:
-        """fp8 cache: the layer's `[2]` K/V scales, calibrated first from the rows of `k`/`v`
-        this step writes (`slots >= 0`) if it is pending; the checkpoint's `given` scales
-        are never calibrated. None for a cache of the model dtype."""
-        if self.kv_scales is None:
-            return None
-        scales = self.kv_scales.of(layer, given)
-        if given is None and self.kv_scales.take_pending(layer.name):
-            rows = slots.shape[0]
-            self.kv_scales.calibrate_layer(layer.name, k[:rows], v[:rows], slots >= 0)
-        return scales
 
 
 def cross_attention_reasons(window: int | None, chunk: int | None) -> list[str]:

@@ -78,14 +78,20 @@ def check_in_place(result: Any, output: torch.Tensor) -> str:
 
 
 def check_bad_inputs(backend: AttentionBackend, cell: AttentionCell, step: Step) -> str:
-    layer = cell.layer()
-    bad = {
-        "key with a missing column": (step.query, step.key[:, :-1], step.value),
-        "query in the wrong dtype": (step.query.to(torch.float64), step.key, step.value),
-    }
-    for what, (q, k, v) in bad.items():
+    layer, out = cell.layer(), torch.empty_like(step.query)
+    return refuses_each({
+        "key with a missing column": lambda: backend.forward(
+            layer, out, step.query, step.key[:, :-1], step.value),
+        "query in the wrong dtype": lambda: backend.forward(
+            layer, out, step.query.to(torch.float64), step.key, step.value),
+    })  # fmt: skip
+
+
+def refuses_each(bad: dict[str, Callable[[], Any]]) -> str:
+    """"pass" when every call in `bad` raises ValueError, else the first that did not."""
+    for what, call in bad.items():
         try:
-            backend.forward(layer, torch.empty_like(step.query), q, k, v)
+            call()
         except ValueError:
             continue
         except Exception as error:  # any other type breaks the contract

@@ -25,8 +25,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
-    """Largest sequence index i with `query_start_loc[i] // BLOCK_Q + i <= q_block`."""
+def find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
+    """Largest sequence (request) index i with `query_start_loc[i] // BLOCK_Q + i <= q_block`."""
     lo = 0
     hi = num_seqs
     while lo < hi:
@@ -212,7 +212,7 @@ def unified_attention_kernel(
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
 
-    seq = _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
+    seq = find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
     q_begin = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     local_block = q_block - (q_begin // BLOCK_Q + seq)

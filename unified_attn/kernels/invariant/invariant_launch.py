@@ -7,6 +7,8 @@ The GPU path of `ops.py`; the CPU interpreter (`TRITON_INTERPRET=1`) runs them i
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 import triton
@@ -114,6 +116,26 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
+def _per_row(
+    kernel: Any,
+    rows: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    scalars: tuple[float, ...],
+    **constexprs: Any,
+) -> torch.Tensor:
+    """Launch a row kernel, one program per row of `rows [R, N]`; its arguments are `rows`,
+    the weights, `out`, both row strides, N, the scalars, then the constexprs and the tile."""
+    if rows.shape[0]:
+        n = rows.shape[1]
+        block = row_block(n)
+        kernel[(rows.shape[0],)](
+            rows, *weights, out, rows.stride(0), out.stride(0), n, *scalars,
+            BLOCK=block, num_warps=row_warps(block), **constexprs,
+        )  # fmt: skip
+    return out
+
+
 STYLES = {"llama": 0, "float32": 1, "gemma": 2}
 
 
@@ -125,12 +147,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, style: str) -> t
         raise ValueError(f"rms_norm: weight must be [{n}], got {tuple(weight.shape)}")
     out_dtype = torch.promote_types(weight.dtype, x.dtype) if style == "llama" else x.dtype
     out = torch.empty(rows.shape, dtype=out_dtype, device=x.device)
-    if rows.shape[0]:
-        block = row_block(n)
-        kernels.rms_norm_kernel[(rows.shape[0],)](
-            rows, weight, out, rows.stride(0), out.stride(0), n, eps,
-            STYLE=STYLES[style], BLOCK=block, num_warps=row_warps(block),
-        )  # fmt: skip
+    _per_row(kernels.rms_norm_kernel, rows, (weight,), out, (eps,), STYLE=STYLES[style])
     return out.view(*x.shape[:-1], n)
 
 
@@ -138,39 +155,19 @@ def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
     rows = _rows(x)
-    n = rows.shape[1]
-    out = torch.empty_like(rows)
-    if rows.shape[0]:
-        block = row_block(n)
-        kernels.layer_norm_kernel[(rows.shape[0],)](
-            rows, weight, bias, out, rows.stride(0), out.stride(0), n, eps,
-            BLOCK=block, num_warps=row_warps(block),
-        )  # fmt: skip
+    out = _per_row(kernels.layer_norm_kernel, rows, (weight, bias), torch.empty_like(rows), (eps,))
     return out.view(x.shape)
 
 
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     rows = _rows(x)
-    n = rows.shape[1]
-    out = torch.empty_like(rows)
-    if rows.shape[0]:
-        block = row_block(n)
-        kernels.l2_normalize_kernel[(rows.shape[0],)](
-            rows, out, rows.stride(0), out.stride(0), n, eps,
-            BLOCK=block, num_warps=row_warps(block),
-        )  # fmt: skip
+    out = _per_row(kernels.l2_normalize_kernel, rows, (), torch.empty_like(rows), (eps,))
     return out.view(x.shape)
 
 
 def softmax(x: torch.Tensor, log: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Softmax (or log-softmax) over the last dimension, float32 inside, out in `dtype`."""
     rows = _rows(x)
-    n = rows.shape[1]
     out = torch.empty(rows.shape, dtype=dtype or x.dtype, device=x.device)
-    if rows.shape[0]:
-        block = row_block(n)
-        kernels.softmax_kernel[(rows.shape[0],)](
-            rows, out, rows.stride(0), out.stride(0), n,
-            LOG=log, BLOCK=block, num_warps=row_warps(block),
-        )  # fmt: skip
+    _per_row(kernels.softmax_kernel, rows, (), out, (), LOG=log)
     return out.view(x.shape)

@@ -47,20 +47,7 @@ dequantized key tile spilled registers in the usual orientation).
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _find_request(query_start_loc_ptr, num_reqs, q_block, BLOCK_Q: tl.constexpr):
-    """Largest request index i with `query_start_loc[i] // BLOCK_Q + i <= q_block`."""
-    lo = 0
-    hi = num_reqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        start = tl.load(query_start_loc_ptr + mid)
-        if start // BLOCK_Q + mid <= q_block:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo - 1
+from unified_attn.kernels.attention.unified_attention import find_seq
 
 
 @triton.jit
@@ -144,7 +131,7 @@ def mla_attention_kernel(
         q_begin = req * UNIFORM_QUERY_LEN
         q_len = UNIFORM_QUERY_LEN
     else:
-        req = _find_request(query_start_loc_ptr, num_reqs, q_block, BLOCK_Q)
+        req = find_seq(query_start_loc_ptr, num_reqs, q_block, BLOCK_Q)
         q_begin = tl.load(query_start_loc_ptr + req)
         q_len = tl.load(query_start_loc_ptr + req + 1) - q_begin
         local_block = q_block - (q_begin // BLOCK_Q + req)

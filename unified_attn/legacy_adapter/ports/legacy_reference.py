@@ -16,13 +16,12 @@ import torch
 from unified_attn.backend import LayerConfig
 from unified_attn.backends.reference import attend, attend_batch
 from unified_attn.legacy_adapter.interfaces import (
-    LegacyAttentionBackend,
-    LegacyAttentionImpl,
     LegacyAttentionLayer,
     LegacyAttentionMetadata,
     LegacyAttentionMetadataBuilder,
     LegacyCommonAttentionMetadata,
 )
+from unified_attn.legacy_adapter.ports.legacy_common import PortedBackend, PortedImpl
 
 
 @attrs.frozen
@@ -96,9 +95,8 @@ class LegacyReferenceMetadataBuilder(LegacyAttentionMetadataBuilder[LegacyRefere
         return PrefillSpan(start, end, computed, blocks, offsets)
 
 
-class LegacyReferenceImpl(LegacyAttentionImpl[LegacyReferenceMetadata]):
+class LegacyReferenceImpl(PortedImpl[LegacyReferenceMetadata]):
     math_layer: LayerConfig | None = None  # the parameters in the math helpers' form
-    alibi: torch.Tensor | None = None
 
     def forward(
         self,
@@ -156,38 +154,12 @@ class LegacyReferenceImpl(LegacyAttentionImpl[LegacyReferenceMetadata]):
             )
         return self.math_layer
 
-    def _alibi(self, device: torch.device) -> torch.Tensor | None:
-        if self.alibi_slopes is not None and self.alibi is None:
-            self.alibi = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=device)
-        return self.alibi
 
-
-class LegacyReferenceBackend(LegacyAttentionBackend):
-    @staticmethod
-    def get_name() -> str:
-        return "reference"
-
-    @staticmethod
-    def get_impl_cls() -> type[LegacyReferenceImpl]:
-        return LegacyReferenceImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[LegacyReferenceMetadataBuilder]:
-        return LegacyReferenceMetadataBuilder
-
-    @staticmethod
-    def get_metadata_cls() -> type[LegacyReferenceMetadata]:
-        return LegacyReferenceMetadata
-
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
-    ) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
-
-    @classmethod
-    def supports_sink(cls) -> bool:
-        return True
+class LegacyReferenceBackend(PortedBackend):
+    legacy_name = "reference"
+    impl_cls = LegacyReferenceImpl
+    builder_cls = LegacyReferenceMetadataBuilder
+    metadata_cls = LegacyReferenceMetadata
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import attrs
 import torch
 
-from unified_attn.backend import AttentionType
 from unified_attn.backends.triton.ops import (
     SUPPORTED_DTYPES,
     SplitPlan,
@@ -22,13 +21,12 @@ from unified_attn.backends.triton.ops import (
     write_kv_cache,
 )
 from unified_attn.legacy_adapter.interfaces import (
-    LegacyAttentionBackend,
-    LegacyAttentionImpl,
     LegacyAttentionLayer,
     LegacyAttentionMetadata,
     LegacyAttentionMetadataBuilder,
     LegacyCommonAttentionMetadata,
 )
+from unified_attn.legacy_adapter.ports.legacy_common import PortedBackend, PortedImpl
 from unified_attn.legacy_adapter.specs import AttentionSpec
 
 
@@ -77,10 +75,10 @@ class LegacyTritonMetadataBuilder(LegacyAttentionMetadataBuilder[LegacyTritonMet
         )
 
 
-class LegacyTritonImpl(LegacyAttentionImpl[LegacyTritonMetadata]):
-    # Kernel-ready float32 copies, made on the first forward (the launcher wants float32).
+class LegacyTritonImpl(PortedImpl[LegacyTritonMetadata]):
+    # Kernel-ready float32 copies, made on the first forward (the launcher wants float32; the
+    # ALiBi slopes are float32 already).
     sinks_f32: torch.Tensor | None = None
-    alibi: torch.Tensor | None = None
 
     def forward(
         self,
@@ -112,48 +110,17 @@ class LegacyTritonImpl(LegacyAttentionImpl[LegacyTritonMetadata]):
             self.sinks_f32 = self.sinks.float()
         return self.sinks_f32
 
-    def _alibi(self, device: torch.device) -> torch.Tensor | None:
-        if self.alibi_slopes is not None and self.alibi is None:
-            self.alibi = torch.tensor(self.alibi_slopes, dtype=torch.float32, device=device)
-        return self.alibi
 
-
-class LegacyTritonBackend(LegacyAttentionBackend):
+class LegacyTritonBackend(PortedBackend):
     supported_dtypes = SUPPORTED_DTYPES
-
-    @staticmethod
-    def get_name() -> str:
-        return "triton"
-
-    @staticmethod
-    def get_impl_cls() -> type[LegacyTritonImpl]:
-        return LegacyTritonImpl
-
-    @staticmethod
-    def get_builder_cls() -> type[LegacyTritonMetadataBuilder]:
-        return LegacyTritonMetadataBuilder
-
-    @staticmethod
-    def get_metadata_cls() -> type[LegacyTritonMetadata]:
-        return LegacyTritonMetadata
-
-    @staticmethod
-    def get_kv_cache_shape(
-        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
-    ) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+    legacy_name = "triton"
+    impl_cls = LegacyTritonImpl
+    builder_cls = LegacyTritonMetadataBuilder
+    metadata_cls = LegacyTritonMetadata
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         return list(range(16, 257, 16))
-
-    @classmethod
-    def supports_sink(cls) -> bool:
-        return True
-
-    @classmethod
-    def supports_attn_type(cls, attn_type: AttentionType) -> bool:
-        return attn_type == AttentionType.DECODER
 
     @classmethod
     def supports_device(cls, device_type: str) -> bool:

@@ -47,8 +47,14 @@ class ModelFamily:
         """Whether a checkpoint's `config.json` (as a dict) is of this family."""
         return False
 
+    # `config.json` (a dict) -> the family's config, called as `hf_config_reader(hf, name=)`;
+    # None: the family reads none
+    hf_config_reader: Any = None
+
     def config_from_hf(self, hf: Mapping[str, Any], name: str) -> Any:
-        raise ValueError(f"the {self.name} family reads no Hugging Face config")
+        if self.hf_config_reader is None:
+            raise ValueError(f"the {self.name} family reads no Hugging Face config")
+        return self.hf_config_reader(dict(hf), name=name)
 
     def attention_kinds(self, config: Any) -> list[AttentionKind]:
         raise NotImplementedError

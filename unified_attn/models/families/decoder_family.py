@@ -54,12 +54,10 @@ class DecoderFamily(ModelFamily):
     hf_priority = -100  # the fallback: every other family looks first
     model_cls = DecoderModel
     loader = staticmethod(load_hf_model)
+    hf_config_reader = staticmethod(config_from_hf)
 
     def reads_hf(self, hf: Mapping[str, Any]) -> bool:
         return True  # config_from_hf names what it cannot read
-
-    def config_from_hf(self, hf: Mapping[str, Any], name: str) -> ModelConfig:
-        return config_from_hf(dict(hf), name=name)
 
     def attention_kinds(self, config: ModelConfig) -> list[AttentionKind]:
         """Its distinct attention kinds (state layers select their own backend in

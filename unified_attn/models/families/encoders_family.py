@@ -25,37 +25,35 @@ REFUSAL = (
 )
 
 
-class BertFamily(ModelFamily):
+class EncoderFamily(ModelFamily):
+    """What BERT and BART share: read from checkpoints only (no presets), offered a
+    checkpoint before the decoders, found by `hf_config.encoder_family` under their name."""
+
+    hf_priority = 5
+
+    def reads_hf(self, hf: Mapping[str, Any]) -> bool:
+        return encoder_family(dict(hf)) == self.name
+
+
+class BertFamily(EncoderFamily):
     name = "bert"
     config_type = BertConfig
     model_kind = "encoder_only"
-    hf_priority = 5
     plan_refusal = REFUSAL.replace("{what}", "an encoder-only (BERT)")
     loader = staticmethod(load_bert)
-
-    def reads_hf(self, hf: Mapping[str, Any]) -> bool:
-        return encoder_family(dict(hf)) == "bert"
-
-    def config_from_hf(self, hf: Mapping[str, Any], name: str) -> BertConfig:
-        return bert_config_from_hf(dict(hf), name=name)
+    hf_config_reader = staticmethod(bert_config_from_hf)
 
     def attention_kinds(self, config: BertConfig) -> list[AttentionKind]:
         return [(config.head_size, None, None, False, AttentionType.ENCODER_ONLY)]
 
 
-class BartFamily(ModelFamily):
+class BartFamily(EncoderFamily):
     name = "bart"
     config_type = BartConfig
     model_kind = "encoder_decoder"
-    hf_priority = 5
     plan_refusal = REFUSAL.replace("{what}", "an encoder-decoder (BART)")
     loader = staticmethod(load_bart)
-
-    def reads_hf(self, hf: Mapping[str, Any]) -> bool:
-        return encoder_family(dict(hf)) == "bart"
-
-    def config_from_hf(self, hf: Mapping[str, Any], name: str) -> BartConfig:
-        return bart_config_from_hf(dict(hf), name=name)
+    hf_config_reader = staticmethod(bart_config_from_hf)
 
     def attention_kinds(self, config: BartConfig) -> list[AttentionKind]:
         return [

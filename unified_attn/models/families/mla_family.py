@@ -57,12 +57,10 @@ class DeepseekMLAFamily(DeepseekFamilyBase):
     hf_priority = 10
     model_cls = DeepseekForCausalLM
     loader = staticmethod(load_deepseek)
+    hf_config_reader = staticmethod(deepseek_config_from_hf)
 
     def reads_hf(self, hf: Mapping[str, Any]) -> bool:
         return mla_version(dict(hf)) is not None
-
-    def config_from_hf(self, hf: Mapping[str, Any], name: str) -> DeepseekConfig:
-        return deepseek_config_from_hf(dict(hf), name=name)
 
     def attention_kinds(self, config: DeepseekConfig) -> list[AttentionKind]:
         return [(config.latent_size, None, None, False, AttentionType.DECODER)]

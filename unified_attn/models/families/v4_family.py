@@ -37,12 +37,10 @@ class DeepseekV4Family(DeepseekFamilyBase):
     hf_priority = 20
     model_cls = DeepseekV4ForCausalLM
     loader = staticmethod(load_deepseek_v4)
+    hf_config_reader = staticmethod(deepseek_v4_config_from_hf)
 
     def reads_hf(self, hf: Mapping[str, Any]) -> bool:
         return is_deepseek_v4(dict(hf))
-
-    def config_from_hf(self, hf: Mapping[str, Any], name: str) -> DeepseekV4Config:
-        return deepseek_v4_config_from_hf(dict(hf), name=name)
 
     def attention_kinds(self, config: DeepseekV4Config) -> list[AttentionKind]:
         """A sliding latent (and compressed caches), learned sinks."""

@@ -13,12 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from unified_attn.kernels.moe.grouped_experts import (
-    Activation,
-    ExpertWeights,
-    grouped_experts,
-    invariant_config,
-)
+from unified_attn.kernels.moe.grouped_experts import GroupedConfig, invariant_config
 from unified_attn.models.invariant.invariant_ops import (
     elementwise,
     invariant_linear,
@@ -36,6 +31,7 @@ from unified_attn.models.moe import (
     MoEMLP,
     RoutedExperts,
     SparseMoEMLP,
+    StackedExperts,
     TopKRouter,
 )
 from unified_attn.models.rope import RotaryEmbedding
@@ -68,22 +64,15 @@ class InvariantTopKRouter(TopKRouter):
         return total
 
 
-def invariant_grouped_experts(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
-    act: Activation,
-) -> torch.Tensor:  # fmt: skip
-    """`grouped_experts` with the one tile configuration of the mode (`invariant_config`)."""
-    return grouped_experts(x, weights, ids, experts, act, invariant_config(x.element_size()))
+class _InvariantTiles(StackedExperts):
+    """On CUDA the grouped kernels with the mode's one tile configuration for every batch;
+    elsewhere `reference`, whose products the expert classes below make invariant."""
+
+    def _tile_config(self, x: torch.Tensor) -> GroupedConfig | None:
+        return invariant_config(x.element_size())
 
 
-class InvariantExperts(Experts):
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """On CUDA the grouped kernels with one tile configuration for every batch; elsewhere
-        every expert on every token with invariant products."""
-        if x.is_cuda:
-            return invariant_grouped_experts(x, weights, ids, *self.kernel_weights())
-        return self.reference(x, weights, ids)
-
+class InvariantExperts(_InvariantTiles, Experts):
     @staticmethod
     def _project(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         return invariant_matmul(x, w, bias)
@@ -93,14 +82,7 @@ class InvariantExperts(Experts):
         return sigmoid(x)
 
 
-class InvariantRoutedExperts(RoutedExperts):
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """On CUDA the grouped kernels with one tile configuration for every batch; elsewhere
-        every expert on every token with invariant products."""
-        if x.is_cuda:
-            return invariant_grouped_experts(x, weights, ids, *self.kernel_weights())
-        return self.reference(x, weights, ids)
-
+class InvariantRoutedExperts(_InvariantTiles, RoutedExperts):
     @staticmethod
     def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return invariant_linear(x, weight)
