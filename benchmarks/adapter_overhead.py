@@ -49,6 +49,7 @@ from unified_attn.harness.migration import (
 )
 from unified_attn.harness.migration.migration_run import legacy_name
 from unified_attn.legacy_adapter.adapter import LegacyBackendAdapter, per_group_common
+from unified_attn.sampling_params import RequestOutputKind
 from unified_attn.selector import resolve_backend
 
 MODEL = "tiny-hybrid"
@@ -163,9 +164,11 @@ def engine_steps(native: str, num_requests: int, device: str, steps: int) -> dic
         engine = LLMEngine("tiny-llama", backend=name, device=device, dtype="float32",
                            max_num_seqs=num_requests, max_num_batched_tokens=32 * num_requests,
                            cuda_graphs=False)  # fmt: skip
-        params = SamplingParams(max_tokens=steps + 4, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=steps + 4, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         for i in range(num_requests):
-            engine.add_request([(i * 31 + j) % 256 for j in range(32)], params)
+            engine.add_request(None, [(i * 31 + j) % 256 for j in range(32)], params)
         for _ in range(3):  # the prefill, then warm-up decodes (kernel compilation)
             engine.step()
         engines[side] = engine

@@ -51,6 +51,7 @@ from common import (
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import LayerKind, MoEConfig
 from unified_attn.models.presets import PRESETS, get_preset
+from unified_attn.sampling_params import RequestOutputKind
 
 DECODE_TARGET, PREFILL_TARGET = 0.8, 0.7
 MODES = {"default": False, "invariant": True}
@@ -106,11 +107,13 @@ def run_decode(engine: LLMEngine, args: argparse.Namespace) -> tuple[dict[str, A
     request's generated-token logits (for the invariance check)."""
     vocab, batch = engine.vocab_size, args.decode_batch
     total = args.decode_steps + args.warmup_steps + 1
-    params = SamplingParams(max_tokens=total, ignore_eos=True)
-    first = engine.add_request(prompt(0, args.prompt_len, vocab),
+    params = SamplingParams(
+        max_tokens=total, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+    )
+    first = engine.add_request(None, prompt(0, args.prompt_len, vocab),
                                attrs.evolve(params, return_logits=True))  # fmt: skip
     for i in range(1, batch):
-        engine.add_request(prompt(i, args.prompt_len, vocab), params)
+        engine.add_request(None, prompt(i, args.prompt_len, vocab), params)
     outputs: dict[str, Any] = {}
     while engine.stats.prefill_tokens < batch * args.prompt_len:
         _collect(outputs, engine.step())

@@ -41,6 +41,7 @@ from common import (
 
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import V4_PRESETS
+from unified_attn.sampling_params import RequestOutputKind
 
 SHAPE = "deepseek-v4-decode-shape"  # the preset this script registers (in this process only)
 SLIDING, CSA, HCA = (
@@ -73,9 +74,11 @@ def decode_steps(batch: int, context: int, steps: int, graphs: bool,
                        kv_cache_memory="8GiB",
                        max_num_batched_tokens=max(context, 8192))  # fmt: skip
     gen = torch.Generator().manual_seed(batch)
-    params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=steps + 1, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+    )
     for _ in range(batch):
-        engine.add_request(torch.randint(3, 4000, (context,), generator=gen).tolist(), params)
+        engine.add_request(None, torch.randint(3, 4000, (context,), generator=gen).tolist(), params)
     times = []
     while engine.has_unfinished_requests():
         prefill = engine.stats.prefill_tokens

@@ -68,6 +68,10 @@ class Request:
         self.spec_token_ids: list[int] = []
         # Requests that need logits of every prompt position recompute the whole prompt.
         self.skip_reading_prefix_cache = False
+        # Prompt tokens its first admission found in the prefix cache (-1: not admitted yet).
+        self.num_cached_tokens = -1
+        # `SamplingParams.bad_words` as token id sequences (the engine tokenizes them).
+        self.bad_words_token_ids: list[list[int]] = []
         self.block_hashes: list[bytes] = []
         self._block_hasher = block_hasher
         self._update_block_hashes()

@@ -3,6 +3,8 @@ and engine import it)."""
 
 from __future__ import annotations
 
+import enum
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -46,17 +48,20 @@ def _boolean(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None
         _fail(instance, attribute, "True or False", value)
 
 
-def _int_or_none(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and not _is_int(value):
-        _fail(instance, attribute, "an int or None", value)
-
-
 def _between(low: float, high: float) -> _Check:
     def check(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if not (_is_number(value) and low <= value <= high):
             _fail(instance, attribute, f"a number in [{low:g}, {high:g}]", value)
 
     return check
+
+
+MAX_SEED = 2**63 - 1  # what a torch.Generator takes
+
+
+def _seed(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not (_is_int(value) and 0 <= value <= MAX_SEED):
+        _fail(instance, attribute, f"None or an int in [0, {MAX_SEED}]", value)
 
 
 def _top_k(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -91,6 +96,69 @@ def _strings(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None
         _fail(instance, attribute, "a non-empty string or a list of non-empty strings", value)
 
 
+def _prompt_logprobs(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not (_is_int(value) and value >= -1):
+        _fail(instance, attribute, "None, an int >= 0, or -1 for the whole vocabulary", value)
+
+
+def _logit_bias(value: Any) -> Any:
+    """A mapping becomes a dict (token ids given as strings, as JSON has them, become ints)."""
+    if not isinstance(value, dict):
+        return value
+    try:
+        return {int(token): bias for token, bias in value.items()}
+    except (TypeError, ValueError):
+        return value  # the validator names the key
+
+
+def _biases(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(_is_int(t) and t >= 0 for t in value):
+        _fail(instance, attribute, "None or a dict {token id (int >= 0): bias}", value)
+    bad = {t: b for t, b in value.items() if not (_is_number(b) and -100.0 <= b <= 100.0)}
+    if bad:
+        token, bias = next(iter(bad.items()))
+        what = f"a bias in [-100, 100] for token {token} (vLLM clamps to that range)"
+        _fail(instance, attribute, what, bias)
+
+
+def _allowed(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    _token_ids(instance, attribute, value)
+    if not value:
+        _fail(instance, attribute, "None or a non-empty list of token ids", list(value))
+
+
+def _finite(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not (_is_number(value) and math.isfinite(value)):
+        _fail(instance, attribute, "a finite number", value)
+
+
+def _chain(*checks: _Check) -> _Check:
+    def run(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        for check in checks:
+            check(instance, attribute, value)
+
+    return run
+
+
+def _output_kind(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, RequestOutputKind):
+        _fail(instance, attribute, "a RequestOutputKind (CUMULATIVE, DELTA, FINAL_ONLY)", value)
+
+
+class RequestOutputKind(enum.Enum):
+    """What `LLMEngine.step()` returns for a request (vLLM's enum): its whole output so far
+    every step it advances (CUMULATIVE), what the step added (DELTA), or one output when it
+    finishes (FINAL_ONLY; what `generate` always uses)."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 @attrs.frozen(kw_only=True)
 class SamplingParams:
     """How one prompt is sampled; fields and definitions follow vLLM's `SamplingParams`.
@@ -115,6 +183,19 @@ class SamplingParams:
       `token_ids`, not in the text). `ignore_eos`: EOS does not end it.
     - `logprobs`: return the log-probabilities of the `logprobs` most likely tokens of every
       step, plus the sampled one (0: only the sampled one), from the model's raw logits.
+    - `prompt_logprobs`: for every prompt position after the first, the log-probability of the
+      prompt's token there and of the `prompt_logprobs` most likely tokens (-1: the whole
+      vocabulary); the request recomputes its prompt instead of reading the prefix cache.
+    - `min_p`: after temperature, drop the tokens whose probability is below `min_p` times the
+      most likely token's (vLLM applies it before top-k and top-p; greedy ignores it).
+    - `logit_bias` (token id -> bias in [-100, 100]), `allowed_token_ids` (only these can be
+      sampled) and `bad_words` (a word's last token is masked when the output so far ends with
+      the rest of it, with and without a leading space) change the logits before the penalties,
+      greedy requests included: allowed ids, then bad words, `min_tokens`, then the bias.
+    - `skip_special_tokens` (default True), `spaces_between_special_tokens`: how the text is
+      decoded. `include_stop_str_in_output`: keep the stop string (or the stop token's text) at
+      the end of the text.
+    - `output_kind`: what `LLMEngine.step()` returns for the request (`RequestOutputKind`).
     - `prompt_logits`, `return_logits` (not in vLLM): the float32 logits of every prompt
       position (the request then recomputes its prompt instead of reading the prefix cache) and
       of every generated token.
@@ -123,19 +204,36 @@ class SamplingParams:
     n: int = attrs.field(default=1, validator=positive_int)
     max_tokens: int | None = attrs.field(default=16, validator=optional_positive_int)
     min_tokens: int = attrs.field(default=0, validator=non_negative_int)
-    temperature: float = attrs.field(default=0.0, validator=non_negative)
+    temperature: float = attrs.field(default=0.0, validator=_chain(non_negative, _finite))
     top_k: int = attrs.field(default=0, validator=_top_k)
     top_p: float = attrs.field(default=1.0, validator=_top_p)
+    min_p: float = attrs.field(default=0.0, validator=_between(0.0, 1.0))
     presence_penalty: float = attrs.field(default=0.0, validator=_between(-2.0, 2.0))
     frequency_penalty: float = attrs.field(default=0.0, validator=_between(-2.0, 2.0))
-    repetition_penalty: float = attrs.field(default=1.0, validator=positive)
-    seed: int | None = attrs.field(default=None, validator=_int_or_none)
+    repetition_penalty: float = attrs.field(default=1.0, validator=_chain(positive, _finite))
+    seed: int | None = attrs.field(default=None, validator=_optional(_seed))
     stop: tuple[str, ...] = attrs.field(default=(), converter=_stop_strings, validator=_strings)
     stop_token_ids: tuple[int, ...] = attrs.field(
         default=(), converter=_as_tuple, validator=_token_ids
     )
     ignore_eos: bool = attrs.field(default=False, validator=_boolean)
     logprobs: int | None = attrs.field(default=None, validator=_optional(non_negative_int))
+    prompt_logprobs: int | None = attrs.field(default=None, validator=_optional(_prompt_logprobs))
+    logit_bias: dict[int, float] | None = attrs.field(
+        default=None, converter=_logit_bias, validator=_biases, hash=False
+    )
+    allowed_token_ids: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_as_tuple), validator=_allowed
+    )
+    bad_words: tuple[str, ...] = attrs.field(
+        default=(), converter=_stop_strings, validator=_strings
+    )
+    skip_special_tokens: bool = attrs.field(default=True, validator=_boolean)
+    spaces_between_special_tokens: bool = attrs.field(default=True, validator=_boolean)
+    include_stop_str_in_output: bool = attrs.field(default=False, validator=_boolean)
+    output_kind: RequestOutputKind = attrs.field(
+        default=RequestOutputKind.CUMULATIVE, validator=_output_kind
+    )
     prompt_logits: bool = attrs.field(default=False, validator=_boolean)
     return_logits: bool = attrs.field(default=False, validator=_boolean)
 
@@ -146,6 +244,17 @@ class SamplingParams:
                 f"{self.min_tokens} and max_tokens={self.max_tokens}; lower min_tokens or raise "
                 "max_tokens"
             )
+
+    @property
+    def needs_prompt_rows(self) -> bool:
+        """Whether every prompt position's logits are needed (`prompt_logits`,
+        `prompt_logprobs`): the prompt is then recomputed, not read from the prefix cache."""
+        return self.prompt_logits or self.prompt_logprobs is not None
+
+    @property
+    def changes_logits(self) -> bool:
+        """Whether `allowed_token_ids`, `bad_words` or `logit_bias` act on the logits."""
+        return self.allowed_token_ids is not None or bool(self.bad_words or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

@@ -168,6 +168,15 @@ def backend_reasons(cls: type[AttentionBackend], cfg: SelectorConfig) -> list[st
     return reasons
 
 
+def valid_backend_names(cfgs: list[SelectorConfig]) -> list[str]:
+    """The registered backends that can serve every one of `cfgs` here."""
+    return sorted(
+        name
+        for name in registered_backends()
+        if not any(backend_reasons(resolve_backend(name), c) for c in cfgs)
+    )
+
+
 def select_backend(
     cfg: SelectorConfig | list[SelectorConfig],
     override: str | type[AttentionBackend] | None = None,
@@ -184,7 +193,7 @@ def select_backend(
             raise ValueError(
                 f"attention backend {cls.name!r} cannot serve this model: "
                 + "; ".join(dict.fromkeys(reasons))
-                + f". Valid backends: {sorted(registered_backends())}"
+                + f". Backends that can: {valid_backend_names(cfgs) or 'none'}"
             )
         return cls
     device_types = {torch.device(c.device).type for c in cfgs}

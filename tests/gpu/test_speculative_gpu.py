@@ -10,7 +10,7 @@ from unified_attn import LLMEngine, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-SPEC = dict(speculative_method="ngram", num_speculative_tokens=3)
+SPEC = dict(speculative_method="ngram", num_speculative_tokens=3, kv_cache_memory="256MiB")
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, [3, 4] * 20, list(range(30, 90))]
 
 
@@ -38,7 +38,7 @@ def test_a_draft_model_replays_its_decode_graphs_and_matches_eager_steps(draft):
     # a one-token decode step, which a graph planned for 2048 tokens would run split-KV while
     # the eager step of ~100-token sequences does not; docs/architecture.md.)
     options = dict(speculative_method="draft", draft_model=draft, num_speculative_tokens=3,
-                   max_model_len=512)  # fmt: skip
+                   max_model_len=512, kv_cache_memory="256MiB")  # fmt: skip
     params = SamplingParams(max_tokens=40, ignore_eos=True, return_logits=True)
     eager = LLMEngine("tiny-llama", device="cuda", cuda_graphs=False, **options)
     want = eager.generate(PROMPTS, params)
@@ -55,7 +55,7 @@ def test_a_draft_model_replays_its_decode_graphs_and_matches_eager_steps(draft):
 
 
 def test_a_draft_model_keeps_greedy_tokens_in_float32():
-    options = dict(device="cuda", dtype="float32")
+    options = dict(device="cuda", dtype="float32", kv_cache_memory="256MiB")
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     plain = LLMEngine("tiny-llama", **options).generate(PROMPTS, params)
     engine = LLMEngine("tiny-llama", speculative_method="draft", draft_model="gemma2-like",

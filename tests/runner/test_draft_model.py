@@ -98,8 +98,8 @@ def test_requests_past_the_draft_models_length_decode_without_drafts():
 def test_aborted_and_preempted_requests_free_their_draft_blocks():
     engine = LLMEngine("tiny-llama", **draft_options("mistral-like", k=3))
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    first = engine.add_request(PROMPTS[0], params)
-    engine.add_request(PROMPTS[1], params)
+    first = engine.add_request(None, PROMPTS[0], params)
+    engine.add_request(None, PROMPTS[1], params)
     for _ in range(3):
         engine.step()
     assert drafter_of(engine).num_shadows == 2

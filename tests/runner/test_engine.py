@@ -91,7 +91,7 @@ def test_text_prompts_round_trip_through_the_tokenizer():
 def test_bad_prompts_are_rejected_and_the_engine_stays_usable(prompt, message):
     engine = LLMEngine("tiny-llama", max_model_len=256)
     with pytest.raises(ValueError, match=message):
-        engine.add_request(prompt)
+        engine.add_request(None, prompt)
     assert not engine.has_unfinished_requests()
     assert len(engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].output_token_ids) == 2
 
@@ -110,7 +110,7 @@ def test_unknown_backend_and_model_names():
 
 def test_abort_frees_blocks():
     engine = LLMEngine("tiny-llama")
-    rid = engine.add_request(prompts()[0], GREEDY)
+    rid = engine.add_request(None, prompts()[0], GREEDY)
     engine.step()
     assert engine.kv_cache_manager.usage > 0
     engine.abort_request(rid)

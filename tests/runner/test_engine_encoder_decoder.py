@@ -115,5 +115,5 @@ def test_a_plain_prompt_is_the_encoder_input(bart):
 def test_bad_encoder_decoder_prompts_are_refused(bart, prompt, message):
     engine = make_engine(bart[1])
     with pytest.raises(ValueError, match=message):
-        engine.add_request(prompt)
+        engine.add_request(None, prompt)
     assert not engine.has_unfinished_requests()

@@ -26,7 +26,7 @@ def test_subscribers_get_each_steps_events_and_can_mirror_the_cache():
     engine.subscribe_kv_events(batches.append)
     mirror: Counter[tuple[bytes, int]] = Counter()
     for prompt in prompts(6):
-        engine.add_request(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+        engine.add_request(None, prompt, SamplingParams(max_tokens=20, ignore_eos=True))
     while engine.has_unfinished_requests():
         seen = len(batches)
         engine.step()

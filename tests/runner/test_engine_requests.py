@@ -10,15 +10,17 @@ SHORT = SamplingParams(max_tokens=2, ignore_eos=True)
 
 
 def drain(engine):
+    """The final outputs of the requests `step()` runs (`add_request`'s default CUMULATIVE
+    kind also returns every step's progress)."""
     outputs = []
     while engine.has_unfinished_requests():
-        outputs += engine.step()
+        outputs += [o for o in engine.step() if o.finished]
     return outputs
 
 
 def test_generate_returns_only_its_own_outputs_while_another_request_runs():
     engine = LLMEngine("tiny-llama")
-    other = engine.add_request([5, 6, 7, 8], LONG)
+    other = engine.add_request(None, [5, 6, 7, 8], LONG)
     (mine,) = engine.generate([[1, 2, 3]], SHORT)
     assert mine.request_id != other and len(mine.output_token_ids) == 2
     later = drain(engine)
@@ -28,7 +30,7 @@ def test_generate_returns_only_its_own_outputs_while_another_request_runs():
 
 def test_an_output_that_finishes_during_generate_comes_from_the_next_step():
     engine = LLMEngine("tiny-llama")
-    other = engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=1, ignore_eos=True))
+    other = engine.add_request(None, [5, 6, 7, 8], SamplingParams(max_tokens=1, ignore_eos=True))
     outs = engine.generate([[1, 2, 3], [4, 5]], LONG)
     assert [len(o.output_token_ids) for o in outs] == [12, 12]
     assert not engine.scheduler.has_unfinished()
@@ -48,7 +50,7 @@ def test_generate_queues_nothing_when_one_prompt_is_invalid():
 
 def test_generate_aborts_its_requests_when_interrupted(monkeypatch):
     engine = LLMEngine("tiny-llama")
-    other = engine.add_request([5, 6, 7, 8], LONG)
+    other = engine.add_request(None, [5, 6, 7, 8], LONG)
 
     def interrupted():
         raise KeyboardInterrupt
@@ -63,18 +65,18 @@ def test_generate_aborts_its_requests_when_interrupted(monkeypatch):
 
 def test_automatic_ids_skip_ids_the_caller_chose():
     engine = LLMEngine("tiny-llama")
-    engine.add_request([1, 2], SHORT, request_id="req-0")
-    engine.add_request([1, 2], SHORT, request_id="req-2")
-    automatic = [engine.add_request([3, 4], SHORT) for _ in range(3)]
+    engine.add_request("req-0", [1, 2], SHORT)
+    engine.add_request("req-2", [1, 2], SHORT)
+    automatic = [engine.add_request(None, [3, 4], SHORT) for _ in range(3)]
     assert len(set(automatic)) == 3 and not {"req-0", "req-2"} & set(automatic)
     assert sorted(o.request_id for o in drain(engine)) == sorted(["req-0", "req-2", *automatic])
 
 
 def test_explicit_duplicate_ids_are_still_refused():
     engine = LLMEngine("tiny-llama")
-    engine.add_request([1, 2], SHORT, request_id="a")
+    engine.add_request("a", [1, 2], SHORT)
     with pytest.raises(ValueError, match="'a' is already in use"):
-        engine.add_request([1, 2], SHORT, request_id="a")
+        engine.add_request("a", [1, 2], SHORT)
 
 
 def test_seeded_sampling_continues_its_stream_after_preemption():
@@ -112,6 +114,6 @@ def test_unknown_devices_are_refused_before_anything_is_built(device, message):
 def test_bad_request_arguments_are_refused_and_change_nothing(kwargs, message):
     engine = LLMEngine("tiny-llama")
     with pytest.raises(ValueError, match=message):
-        engine.add_request([1, 2], **kwargs)
+        engine.add_request(prompt=[1, 2], **kwargs)
     assert not engine.has_unfinished_requests() and engine.unfinished_request_ids() == []
-    assert engine.add_request([1, 2]) == "req-0"  # no automatic id was used up
+    assert engine.add_request(None, [1, 2]) == "req-0"  # no automatic id was used up

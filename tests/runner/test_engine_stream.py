@@ -4,16 +4,20 @@ with `finish_reason="abort"` wherever the request's caller is)."""
 import pytest
 
 from unified_attn import LLMEngine, SamplingParams
+from unified_attn.sampling_params import RequestOutputKind
 
 SEEDED = SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=4, logprobs=2, ignore_eos=True)
 LONG = SamplingParams(max_tokens=12, ignore_eos=True)
+FINAL = SamplingParams(max_tokens=12, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
 PROMPTS = [[1, 2, 3, 4], [9, 8, 7]]
 
 
 def drain(engine):
+    """The final outputs of the requests `step()` runs (`add_request`'s default CUMULATIVE
+    kind also returns every step's progress)."""
     outputs = []
     while engine.has_unfinished_requests():
-        outputs += engine.step()
+        outputs += [o for o in engine.step() if o.finished]
     return outputs
 
 
@@ -41,7 +45,7 @@ def engine():
 
 
 def test_a_stream_adds_up_to_the_same_outputs_as_generate_while_another_request_runs(engine):
-    other = engine.add_request([5, 6, 7, 8], LONG)
+    other = engine.add_request(None, [5, 6, 7, 8], LONG)
     deltas = list(engine.stream(PROMPTS, SEEDED))
     ids = list(dict.fromkeys(d.request_id for d in deltas))
     assert len(ids) == 2 and other not in ids
@@ -68,7 +72,7 @@ def test_a_stream_validates_now_and_queues_when_iterated(engine):
 
 
 def test_closing_a_stream_aborts_its_requests_and_leaves_the_others(engine):
-    other = engine.add_request([5, 6, 7, 8], LONG)
+    other = engine.add_request(None, [5, 6, 7, 8], LONG)
     stream = engine.stream(PROMPTS, SEEDED)
     first = next(stream)
     stream.close()
@@ -94,7 +98,7 @@ def test_interleaved_streams_each_get_their_own_deltas(engine):
 
 
 def test_a_stream_whose_step_fails_drops_its_requests(engine, monkeypatch):
-    other = engine.add_request([5, 6, 7, 8], LONG)
+    other = engine.add_request(None, [5, 6, 7, 8], LONG)
     stream = engine.stream(PROMPTS, SEEDED)
     next(stream)
 
@@ -112,26 +116,33 @@ def test_a_stream_whose_step_fails_drops_its_requests(engine, monkeypatch):
 # ---- aborts ------------------------------------------------------------------------------------
 
 
-def test_aborting_an_unknown_or_finished_id_raises_and_names_it(engine):
-    with pytest.raises(ValueError, match="no unfinished request has id 'nope'"):
-        engine.abort_request("nope")
-    rid = engine.add_request([1, 2], SamplingParams(n=2, max_tokens=2))
-    with pytest.raises(ValueError, match=f"no unfinished request has id '{rid}#0'"):
-        engine.abort_request(f"{rid}#0")  # a completion's scheduler id: abort the request
-    drain(engine)
-    with pytest.raises(ValueError, match=f"'{rid}' .*it finished"):
-        engine.abort_request(rid)
+def test_aborting_unknown_or_finished_ids_is_ignored_as_in_vllm(engine):
+    engine.abort_request("nope")
+    rid = engine.add_request(None, [1, 2], SamplingParams(n=2, max_tokens=2))
+    engine.abort_request([f"{rid}#0", "nope"])  # a completion's scheduler id is no request id
+    assert engine.unfinished_request_ids() == [rid]
+    (out,) = drain(engine)
+    assert [c.finish_reason for c in out.outputs] == ["length", "length"]
+    engine.abort_request([rid])  # a client that leaves as its request finishes
+    assert engine.step() == []
+
+
+@pytest.mark.parametrize("ids", [7, [None], ["a", 3]])
+def test_abort_ids_that_are_not_strings_are_refused_before_any_abort(engine, ids):
+    rid = engine.add_request("a", [1, 2], LONG)
+    with pytest.raises(ValueError, match="request ids must be str"):
+        engine.abort_request(ids)
+    assert engine.unfinished_request_ids() == [rid]
 
 
 def test_an_aborted_request_hands_back_what_it_generated(engine):
     full = engine.generate([[1, 2, 3]], LONG)[0].output_token_ids
-    rid = engine.add_request([1, 2, 3], LONG)
+    rid = engine.add_request(None, [1, 2, 3], FINAL)
     for _ in range(4):
         assert engine.step() == []
     engine.abort_request(rid)
     assert engine.kv_cache_manager.usage == 0
-    with pytest.raises(ValueError, match="no unfinished request"):
-        engine.abort_request(rid)  # once
+    engine.abort_request(rid)  # a second time: nothing left to abort
     (out,) = engine.step()
     assert (out.request_id, out.finish_reason, out.outputs[0].finish_reason) == (
         rid,
@@ -145,8 +156,8 @@ def test_an_aborted_request_hands_back_what_it_generated(engine):
 
 def test_an_aborted_waiting_request_has_an_empty_output():
     engine = LLMEngine("tiny-llama", max_num_seqs=1)
-    engine.add_request([1, 2], LONG)
-    waiting = engine.add_request([3, 4], SamplingParams(n=2, max_tokens=3))
+    engine.add_request(None, [1, 2], FINAL)
+    waiting = engine.add_request(None, [3, 4], SamplingParams(n=2, max_tokens=3))
     engine.step()
     engine.abort_request(waiting)
     (out,) = engine.step()

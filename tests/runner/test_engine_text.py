@@ -74,10 +74,16 @@ def test_eos_stays_out_of_the_text_and_has_no_stop_reason(engine):
     )
 
 
-def test_eos_before_min_tokens_does_not_end_the_output(engine):
+def test_eos_ends_the_output_whatever_min_tokens_as_vllms_check_stop(engine):
+    """The sampler masks EOS until `min_tokens` (tests/runner/test_sampler.py); a scripted one
+    that gets through still stops, as vLLM 0.33's `check_stop` does not look at min_tokens."""
     out = run(engine, [*b"a", EOS, *b"bcdef"], min_tokens=3, max_tokens=5)
-    assert out.token_ids == [97, EOS, 98, 99, 100]
-    assert (out.text, out.finish_reason) == ("abcd", "length")
+    assert (out.token_ids, out.text, out.finish_reason) == ([97, EOS], "a", "stop")
+
+
+def test_eos_as_the_last_allowed_token_is_a_stop_not_a_length(engine):
+    out = run(engine, [*b"ab", EOS], max_tokens=3)
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == ([97, 98, EOS], "stop", None)
 
 
 def test_a_stop_string_on_the_last_allowed_token_is_a_stop_not_a_length(engine):
@@ -112,9 +118,9 @@ def test_max_tokens_none_runs_to_max_model_len(engine):
 def test_without_a_tokenizer_text_is_none_and_stop_strings_are_refused(engine, monkeypatch):
     monkeypatch.setattr(engine, "tokenizer", None)
     with pytest.raises(ValueError, match=r"stop=\['x'\] needs a tokenizer .* use stop_token_ids"):
-        engine.add_request([1, 2], SamplingParams(stop="x"))
+        engine.add_request(None, [1, 2], SamplingParams(stop="x"))
     with pytest.raises(ValueError, match="no tokenizer: pass token ids"):
-        engine.add_request("text")
+        engine.add_request(None, "text")
     assert not engine.has_unfinished_requests()
     script(engine, "abc")
     out = engine.generate([[1, 2]], SamplingParams(max_tokens=3, logprobs=1))[0]

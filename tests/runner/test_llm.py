@@ -109,14 +109,14 @@ def test_n_seeded_completions_use_seed_seed_plus_1_and_share_the_prompt_cache(ll
 
 def test_n_greedy_completions_are_equal_and_gathered_under_one_id(llm):
     engine = llm.llm_engine
-    rid = engine.add_request(PROMPT, SamplingParams(n=2, max_tokens=3, ignore_eos=True))
+    rid = engine.add_request(None, PROMPT, SamplingParams(n=2, max_tokens=3, ignore_eos=True))
     assert engine.unfinished_request_ids() == [rid]
     assert sorted(engine.scheduler.requests) == [f"{rid}#0", f"{rid}#1"]
     with pytest.raises(ValueError, match=f"request id '{rid}#1' is already in use"):
-        engine.add_request([1], request_id=f"{rid}#1")
+        engine.add_request(f"{rid}#1", [1])
     outs = []
     while engine.has_unfinished_requests():
-        outs += engine.step()
+        outs += [o for o in engine.step() if o.finished]
     (out,) = outs
     assert out.request_id == rid and len(out.outputs) == 2
     assert out.outputs[0].token_ids == out.outputs[1].token_ids

@@ -43,7 +43,8 @@ def _tight_memory(preset):
 
 def test_window_model_holds_a_constant_number_of_blocks_per_request():
     engine = LLMEngine("mistral-like", max_num_batched_tokens=64)  # window 64
-    rid = engine.add_request(prompts(n=1)[0], SamplingParams(max_tokens=4 * 64, ignore_eos=True))
+    params = SamplingParams(max_tokens=4 * 64, ignore_eos=True)
+    rid = engine.add_request(None, prompts(n=1)[0], params)
     held = []
     while engine.has_unfinished_requests():
         engine.step()

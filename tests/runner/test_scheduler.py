@@ -304,14 +304,26 @@ def test_a_stop_token_becomes_the_stop_reason_eos_does_not():
     assert (a.stop_reason, b.stop_reason) == (42, None)
 
 
-def test_before_min_tokens_eos_and_stop_tokens_do_not_finish_the_request():
-    s = make_scheduler(eos_token_ids=(99,))
-    a = add(s, "A", range(100, 105), min_tokens=2, stop_token_ids=[42])
+def test_eos_or_a_stop_token_as_the_last_allowed_token_is_stop_not_length():
+    """vLLM 0.33's `check_stop` tests EOS and stop tokens before the length caps."""
+    s = make_scheduler(eos_token_ids=(99,), max_model_len=7)
+    a = add(s, "A", range(100, 105), max_tokens=1)
+    b = add(s, "B", range(200, 205), max_tokens=1, stop_token_ids=[42])
+    c = add(s, "C", range(300, 306), max_tokens=8)  # its token reaches max_model_len
     out = s.schedule()
-    assert s.update_from_output(out, {"A": 99}) == []  # 1 output token < min_tokens
+    assert s.update_from_output(out, {"A": 99, "B": 42, "C": 99}) == [a, b, c]
+    assert [r.status for r in (a, b, c)] == [RequestStatus.FINISHED_STOPPED] * 3
+    assert [r.stop_reason for r in (a, b, c)] == [None, 42, None]
+
+
+def test_a_further_eos_id_stops_with_its_id_as_the_stop_reason():
+    """vLLM adds a generation config's other EOS ids to the stop tokens."""
+    s = make_scheduler(eos_token_ids=(99, 98))
+    a = add(s, "A", range(100, 105))
+    add(s, "B", range(200, 205), ignore_eos=True)
     out = s.schedule()
-    assert s.update_from_output(out, {"A": 42}) == [a]  # 2: min_tokens reached, 42 stops
-    assert a.status == RequestStatus.FINISHED_STOPPED and a.output_token_ids == [99, 42]
+    assert s.update_from_output(out, {"A": 98, "B": 98}) == [a]
+    assert a.status == RequestStatus.FINISHED_STOPPED and a.stop_reason == 98
 
 
 def test_min_tokens_never_outlasts_the_length_caps():

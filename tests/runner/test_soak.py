@@ -26,6 +26,7 @@ from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import MLA_PRESETS, PRESETS, V4_PRESETS
 from unified_attn.request import RequestStatus
 from unified_attn.runner.sampler import apply_penalties
+from unified_attn.sampling_params import RequestOutputKind
 from unified_attn.spec_decode.draft_model import DraftModelProposer
 
 MAX_MODEL_LEN = 128
@@ -69,6 +70,23 @@ def completions(out) -> list[Completion]:
         )
         for c in out.outputs
     ]
+
+
+def joined(before: Completion, got: Completion, kind: RequestOutputKind) -> Completion:
+    """A completion after one more `step()` output: DELTA adds to it, the others replace it."""
+    assert before.finish_reason is None, "a completion had an output after its last"
+    if kind != RequestOutputKind.DELTA:
+        return got
+    logprobs = got.logprobs
+    if logprobs is not None:
+        logprobs = (before.logprobs or []) + logprobs
+    return Completion(
+        before.token_ids + got.token_ids,
+        None if got.text is None else (before.text or "") + got.text,
+        got.finish_reason,
+        got.stop_reason,
+        logprobs,
+    )
 
 
 def streamed(deltas, n: int) -> list[Completion]:
@@ -140,7 +158,8 @@ class Soak:
         self.stop_tokens = tuple(self.tokens(24))
         self.stop_strings = self.likely_stop_strings(probe)
         self.submitted: dict[str, Submitted] = {}
-        self.outputs: dict[str, list[Completion]] = {}
+        self.outputs: dict[str, list[Completion]] = {}  # final, by request id
+        self.partial: dict[str, list[Completion]] = {}  # step() outputs so far
 
     def tokens(self, n: int) -> list[int]:
         return [self.rng.randrange(self.vocab) for _ in range(n)]
@@ -177,6 +196,7 @@ class Soak:
             stop_token_ids=self.stop_tokens if rng.random() < 0.3 else (),
             ignore_eos=rng.random() < 0.5,
             logprobs=rng.choice([0, 3]) if rng.random() < 0.2 else None,
+            output_kind=rng.choice(list(RequestOutputKind)),  # step() outputs; generate: final
             **self.random_penalties(),
         )
         return prompt, params
@@ -198,7 +218,7 @@ class Soak:
             request_id = f"req-{len(self.submitted) + self.rng.randrange(4)}"
             if request_id in self.submitted:  # ids are kept unique to key the bookkeeping
                 request_id = f"mine-{len(self.submitted)}"
-        rid = self.engine.add_request(prompt, params, request_id=request_id)
+        rid = self.engine.add_request(request_id, prompt, params)
         assert rid not in self.submitted, f"request id {rid} was handed out twice"
         self.submitted[rid] = Submitted(prompt, params)
 
@@ -221,7 +241,7 @@ class Soak:
             cases.append(([1, 2], SamplingParams(n=2), parent, "already in use"))
         prompt, params, request_id, message = self.rng.choice(cases)
         with pytest.raises(ValueError, match=message):
-            engine.add_request(prompt, params, request_id=request_id)
+            engine.add_request(request_id, prompt, params)
         after = (len(scheduler.waiting), list(scheduler.requests), engine.unfinished_request_ids())
         assert after == before
 
@@ -229,10 +249,9 @@ class Soak:
         live = self.engine.unfinished_request_ids()
         if live:
             rid = self.rng.choice(live)
-            self.engine.abort_request(rid)
+            self.engine.abort_request([rid, "never-added"])
             self.submitted[rid].aborted = True
-            with pytest.raises(ValueError, match="no unfinished request"):
-                self.engine.abort_request(rid)
+            self.engine.abort_request(rid)  # gone already: ignored, as vLLM does
 
     def generate_one(self) -> None:
         prompt, params = self.random_request()
@@ -272,10 +291,20 @@ class Soak:
 
     def step(self) -> None:
         for out in self.engine.step():
-            assert out.request_id not in self.outputs, f"{out.request_id} delivered twice"
-            aborted = self.submitted[out.request_id].aborted
-            assert aborted == any(c.finish_reason == "abort" for c in out.outputs)
-            self.outputs[out.request_id] = completions(out)
+            rid = out.request_id
+            assert rid not in self.outputs, f"{rid} had an output after its final one"
+            submitted = self.submitted[rid]
+            empty = [Completion([], "", None, None)] * submitted.params.n
+            parts = self.partial.setdefault(rid, empty)
+            kind = submitted.params.output_kind
+            for c, got in zip(out.outputs, completions(out), strict=True):
+                parts[c.index] = joined(parts[c.index], got, kind)
+            if not out.finished:
+                assert kind != RequestOutputKind.FINAL_ONLY
+                continue
+            assert submitted.aborted == any(c.finish_reason == "abort" for c in out.outputs)
+            assert all(c.finish_reason is not None for c in parts)
+            self.outputs[rid] = parts
         check_invariants(self.engine)
 
     def run(self, steps: int) -> None:

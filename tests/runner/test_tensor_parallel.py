@@ -220,7 +220,7 @@ def test_a_bad_collective_timeout_is_refused_before_any_process_starts(monkeypat
 def test_a_killed_rank_is_reported_within_30_seconds():
     engine = LLMEngine("tiny-llama", tensor_parallel_size=2)
     try:
-        engine.add_request(PROMPTS[0], PARAMS[0])
+        engine.add_request(None, PROMPTS[0], PARAMS[0])
         engine.step()
         os.kill(engine._tp.pids[0], signal.SIGKILL)
         start = time.monotonic()

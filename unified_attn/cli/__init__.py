@@ -15,6 +15,7 @@ from importlib import metadata
 from typing import Any, NoReturn
 
 from unified_attn.cli import backends, check, migrate, models, plan, run
+from unified_attn.cli.arguments import join_negative_values
 
 PROG = "unified-attn"
 EXIT_BAD_INPUT = 2
@@ -63,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit 0: done or passed; 1: a migrate or check mismatch or failure; 2: bad input;
     130: interrupted."""
     try:
-        args = build_parser().parse_args(argv)
+        given = list(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(join_negative_values(given))
     except SystemExit as stop:  # --help, --version, or a usage error already printed
         return stop.code if isinstance(stop.code, int) else 0
     return run_command(args)

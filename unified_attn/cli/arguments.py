@@ -7,6 +7,7 @@ and the found value."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -14,6 +15,7 @@ import torch
 
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.memory import parse_memory
+from unified_attn.sampling_params import MAX_SEED
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -55,6 +57,57 @@ def positive_int(text: str) -> int:
             f"expected a positive integer, got {value}; give 1 or more"
         )
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number >= 0, got {text!r}; give e.g. 0.8"
+        )
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type: a seed, an int in [0, MAX_SEED]."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED:
+        shown = text if len(text) <= 24 else text[:21] + "..."
+        raise argparse.ArgumentTypeError(
+            f"expected an int in [0, {MAX_SEED}], got {shown!r}; give e.g. 0"
+        )
+    return value
+
+
+def text_value(text: str) -> str:
+    """argparse type: a non-empty string."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value, got ''")
+    return text
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--option -5GiB` as `--option=-5GiB`: argparse reads a value that starts with '-' and a
+    digit as an option of its own ("expected one argument"); joined, the option's own check
+    refuses it by name."""
+    out: list[str] = []
+    for arg in argv:
+        previous = out[-1] if out else ""
+        if (
+            previous.startswith("--") and "=" not in previous
+            and len(arg) > 1 and arg[0] == "-" and (arg[1].isdigit() or arg[1] == ".")
+        ):  # fmt: skip
+            out[-1] = f"{previous}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def memory_size(text: str) -> int:

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.cli.arguments import positive_int, prepare_cli
+from unified_attn.cli.arguments import positive_int, prepare_cli, seed
 from unified_attn.harness.conformance.conformance_report import print_report
 from unified_attn.harness.conformance.conformance_run import run_conformance
 from unified_attn.selector import resolve_backend
@@ -28,7 +28,7 @@ def add_parser(commands: Any) -> None:
         "a four-class backend (wrapped in LegacyBackendAdapter); see `unified-attn backends`",
     )
     check.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    check.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    check.add_argument("--seed", type=seed, default=0, help="seed of the inputs")
     check.add_argument("--threads", type=positive_int, default=1, help="CPU threads")
     check.add_argument("--json", action="store_true", help="print the report as JSON only")
     check.set_defaults(handler=main)

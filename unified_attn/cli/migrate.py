@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.cli.arguments import DTYPES, positive_int, prepare_cli
+from unified_attn.cli.arguments import DTYPES, positive_int, prepare_cli, seed
 from unified_attn.harness.migration.migration_report import print_report
 from unified_attn.harness.migration.migration_run import run_migration
 from unified_attn.harness.migration.migration_workload import SMALL_WORKLOAD
@@ -31,7 +31,7 @@ def add_parser(commands: Any) -> None:
     migrate.add_argument(
         "--atol", type=float, default=None, help="logit tolerance (default: 1e-4 for float32)"
     )
-    migrate.add_argument("--seed", type=int, default=0, help="seed of weights and workload")
+    migrate.add_argument("--seed", type=seed, default=0, help="seed of weights and workload")
     migrate.add_argument("--small", action="store_true", help="a 3-request workload")
     migrate.add_argument("--threads", type=positive_int, default=1, help="CPU threads")
     migrate.add_argument("--json", action="store_true", help="print the report as JSON only")

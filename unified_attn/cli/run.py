@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from typing import Any
 
@@ -13,14 +14,17 @@ from unified_attn.cli.arguments import (
     add_cwd_to_path,
     kv_cache_dtype,
     memory_size,
+    non_negative_float,
     positive_int,
+    seed,
+    text_value,
 )
 from unified_attn.cli.run_report import print_report
 from unified_attn.cli.workload import NUM_PREFIXES, PREFIX_TOKENS, run_workload
 from unified_attn.engine.engine_config import EVICTION_POLICIES
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
-from unified_attn.sampling_params import SamplingParams
+from unified_attn.sampling_params import RequestOutputKind, SamplingParams
 from unified_attn.spec_decode.proposers import SPECULATIVE_METHODS
 
 
@@ -81,11 +85,12 @@ def add_parser(commands: Any) -> None:
         default=None,
         help="tokens per request, prompt and output (default: the model's max_position_embeddings)",
     )
-    run.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    run.add_argument("--seed", type=int, default=0, help="seed of weights, workload, sampling")
+    run.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 is greedy")
+    run.add_argument("--seed", type=seed, default=0, help="seed of weights, workload, sampling")
     prompt = run.add_mutually_exclusive_group()
     prompt.add_argument(
         "--prompt",
+        type=text_value,
         default=None,
         help=f"shared prompt text (default: {NUM_PREFIXES} prefixes of {PREFIX_TOKENS} random ids)",
     )
@@ -172,18 +177,35 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "num_speculative_tokens": args.num_speculative_tokens,
         "draft_model": args.draft_model,
     }
-    on_cpu = args.device.partition(":")[0] == "cpu"
-    kwargs["kv_cache_memory"] = args.kv_cache_memory or ("64MiB" if on_cpu else None)
+    kwargs["kv_cache_memory"] = args.kv_cache_memory
     return kwargs
+
+
+def as_flags(message: str, options: list[str]) -> str:
+    """An engine message in the command's words: `speculative_method='draft'` and
+    `draft_model` become `--speculative-method 'draft'` and `--draft-model` (options with an
+    underscore only, so plain words stay)."""
+    for name in sorted((o for o in options if "_" in o), key=len, reverse=True):
+        flag = "--" + name.replace("_", "-")
+        message = re.sub(rf"\b{name}=", flag + " ", message)
+        message = re.sub(rf"(?<![-\w.]){name}\b", flag, message)
+    return message
 
 
 def run(args: argparse.Namespace) -> dict:
     add_cwd_to_path()  # `--backend module:Class` from the working directory
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        output_kind=RequestOutputKind.FINAL_ONLY,  # the report counts finished requests
     )
     start = time.perf_counter()
-    engine = LLMEngine(args.model, **engine_kwargs(args))
+    kwargs = engine_kwargs(args)
+    try:
+        engine = LLMEngine(args.model, **kwargs)
+    except ValueError as error:
+        raise ValueError(as_flags(str(error), list(kwargs))) from None
     setup_s = time.perf_counter() - start
     try:
         return run_workload(engine, args, params, setup_s)

@@ -98,7 +98,7 @@ def print_report(report: dict) -> None:
         ("model / backend", f"{report['model']} / {report['backend']} on {report['device']}"),
         ("KV cache", f"{kv['num_blocks']:,} blocks x {kv['bytes_per_block']:,} B "
                      f"(block size {kv['block_size']}, {report['kv_cache_dtype']}) = "
-                     f"{kv['total_bytes'] / 2**20:.1f} MiB"),
+                     f"{kv['total_bytes'] / 2**20:.1f} MiB, from {kv['budget']}"),
         ("blocks per rank", ", ".join(f"{n:,}" for n in report["rank_num_blocks"])
          + f" (all ranks use {kv['num_blocks']:,})"),
         ("capacity", f"{kv['capacity_tokens']:,} tokens, max concurrency "

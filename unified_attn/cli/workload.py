@@ -9,6 +9,7 @@ import time
 
 from unified_attn.cli.run_report import make_encode_report, make_report
 from unified_attn.engine.llm_engine import LLMEngine
+from unified_attn.runner.memory import format_memory, host_memory_bytes
 from unified_attn.sampling_params import SamplingParams
 
 # The workload: every request is one of NUM_PREFIXES shared prefixes (random ids, or the given
@@ -24,6 +25,7 @@ def make_workload(engine: LLMEngine, args: argparse.Namespace) -> list[list[int]
     rng = random.Random(args.seed)
     prefixes = shared_prefixes(engine, args, rng)
     check_fits(engine, args, max(len(p) for p in prefixes))
+    check_host_memory(args, max(len(p) for p in prefixes))
     vocab = engine.vocab_size
     return [
         prefixes[i % len(prefixes)]
@@ -66,6 +68,26 @@ def check_fits(engine: LLMEngine, args: argparse.Namespace, prefix_len: int) -> 
         f"requests need up to {needed} tokens ({prefix}, a tail of up to {TAIL_TOKENS[1]} "
         f"tokens and --max-tokens {args.max_tokens}) but max_model_len is "
         f"{engine.max_model_len}; " + " or ".join(fixes(engine, args, prefix_len, needed))
+    )
+
+
+# host bytes a queued request's tokens take, per token: the prompt's ids are held as Python
+# ints in several lists (the workload, the request's prompt and all-token lists)
+BYTES_PER_QUEUED_TOKEN = 3 * 8 + 28
+
+
+def check_host_memory(args: argparse.Namespace, prefix_len: int) -> None:
+    """Refuse, up front, a workload whose queued prompts would not fit half this machine's
+    memory (they are all queued at once)."""
+    memory = host_memory_bytes()
+    per_request = (prefix_len + TAIL_TOKENS[1] + args.max_tokens) * BYTES_PER_QUEUED_TOKEN
+    if memory is None or args.num_requests * per_request <= memory // 2:
+        return
+    most = max(memory // 2 // per_request, 1)
+    raise ValueError(
+        f"--num-requests {args.num_requests} would queue about "
+        f"{format_memory(args.num_requests * per_request)} of prompts, more than half of this "
+        f"machine's {format_memory(memory)}; give --num-requests {most} or fewer"
     )
 
 
@@ -119,7 +141,7 @@ def run_workload(
     for ids in workload:
         # an encoder-decoder model reads the workload as encoder inputs
         prompt = {"encoder_prompt_token_ids": ids} if engine.kind == "encoder_decoder" else ids
-        engine.add_request(prompt, params)
+        engine.add_request(None, prompt, params)
     finished = []
     run_start = time.perf_counter()
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from unified_attn.sampling_params import SamplingParams
+
 
 class IncrementalText:
     """Incremental detokenization of one completion, with its stop strings.
@@ -13,15 +15,22 @@ class IncrementalText:
     earlier, so tokenizers that glue tokens together see them in context. The final call adds
     whatever is left. Stop strings are looked for in the new text (and the `len(stop) - 1`
     characters before it) once the output has more than `min_tokens` tokens; a hit cuts the
-    text before it and freezes it.
+    text before it (after it, with `include_stop_str_in_output`) and freezes it.
     """
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...], min_tokens: int) -> None:
+    def __init__(self, tokenizer: Any, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
-        self.stop = stop
-        self.min_tokens = min_tokens
+        self.stop = params.stop
+        self.min_tokens = params.min_tokens
+        self.options = {
+            "skip_special_tokens": params.skip_special_tokens,
+            "spaces_between_special_tokens": params.spaces_between_special_tokens,
+        }
+        # keep a stop string (and a stop token's text) at the end of the text
+        self.include_stop = params.include_stop_str_in_output
         # characters a stream holds back: they could still be the start of a stop string
-        self.holdback = max((len(s) for s in stop), default=1) - 1
+        longest = max((len(s) for s in self.stop), default=1)
+        self.holdback = 0 if self.include_stop else longest - 1
         self.token_ids: list[int] = []
         self.text = ""
         self.sent = 0  # characters already streamed
@@ -40,25 +49,34 @@ class IncrementalText:
 
     def _decode(self, final: bool) -> None:
         ids = self.token_ids
-        prefix_text = self.tokenizer.decode(ids[self.prefix_offset : self.read_offset])
-        new_text = self.tokenizer.decode(ids[self.prefix_offset :])
+        decode = self.tokenizer.decode
+        prefix_text = decode(ids[self.prefix_offset : self.read_offset], **self.options)
+        new_text = decode(ids[self.prefix_offset :], **self.options)
         if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
             self.text += new_text[len(prefix_text) :]
             self.prefix_offset, self.read_offset = self.read_offset, len(ids)
 
     def _find_stop(self, before: int) -> None:
-        """vLLM's rule: the first stop string of the list found in the new text wins."""
-        for stop in self.stop:
+        """vLLM 0.33's rule: of the stop strings in the new text, the one that ends first wins
+        (ties: the first listed), as if the tokens had come one at a time."""
+        found = []
+        for order, stop in enumerate(self.stop):
             index = self.text.find(stop, max(0, before - len(stop) + 1))
             if index != -1:
-                self.stop_string = stop
-                self.text = self.text[:index]
-                return
+                found.append((index + len(stop), order, index, stop))
+        if found:
+            end, _, index, stop = min(found)
+            self.stop_string = stop
+            self.text = self.text[: end if self.include_stop else index]
+
+    def visible(self, finished: bool) -> str:
+        """The text so far, less what could still become a stop string."""
+        if finished or self.stop_string is not None:
+            return self.text
+        return self.text[: max(0, len(self.text) - self.holdback)]
 
     def delta(self, finished: bool) -> str:
         """Text not streamed yet, less what could still become a stop string."""
-        end = len(self.text)
-        if not finished and self.stop_string is None:
-            end = max(self.sent, end - self.holdback)
+        end = max(self.sent, len(self.visible(finished)))
         out, self.sent = self.text[self.sent : end], end
         return out

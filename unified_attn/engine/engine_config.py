@@ -26,10 +26,11 @@ class EngineConfig:
     backend: str | type | None = None  # a name, `module:Class`, or a backend class
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
     block_size: int | None = None
-    # None on CUDA: a fraction of free memory; with tensor parallelism, one budget per rank
-    # (or one list entry per rank)
-    kv_cache_memory: int | str | list[int | str] | None = "64MiB"
-    gpu_memory_utilization: float = 0.9
+    # None: on CUDA `gpu_memory_utilization` of the memory free once the model is loaded, on
+    # CPU 64 MiB (`runner.worker.CPU_KV_CACHE_MEMORY`); with tensor parallelism, one budget
+    # per rank (or one list entry per rank)
+    kv_cache_memory: int | str | list[int | str] | None = None
+    gpu_memory_utilization: float = attrs.field(default=0.9)
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
@@ -59,6 +60,15 @@ class EngineConfig:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(
                 f"tensor_parallel_size must be a positive int, got {value!r}; 1 runs on one device"
+            )
+
+    @gpu_memory_utilization.validator
+    def _check_utilization(self, _attribute: Any, value: float) -> None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+        if not ok:
+            raise ValueError(
+                f"gpu_memory_utilization must be a fraction in (0, 1], got {value!r}; vLLM's "
+                "default is 0.9"
             )
 
     @kv_cache_dtype.validator

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from unified_attn.distributed.tp_group import TensorParallelGroup, serve_launched_rank
@@ -36,25 +36,26 @@ from unified_attn.engine.prompts import (
 from unified_attn.engine.request_intake import (
     PreparedPrompt,
     check_params,
+    check_request_id,
     child_ids,
-    child_params,
+    new_parent,
+    new_request,
     new_sequence,
     params_per_prompt,
+    request_id_list,
 )
 from unified_attn.engine.request_tracker import RequestTracker
-from unified_attn.engine.sequences import ParentRequest
 from unified_attn.managers import KVCacheManager
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
 from unified_attn.models.invariant import require_batch_invariant
-from unified_attn.request import Request
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.kv_access import KVCacheAccess
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
-from unified_attn.sampling_params import SamplingParams
+from unified_attn.sampling_params import RequestOutputKind, SamplingParams
 from unified_attn.spec_decode.proposers import build_drafter, propose_drafts
 
 
@@ -136,7 +137,7 @@ class LLMEngine(KVCacheAccess):
         self.stats = EngineStats()
         self._ids = RequestIds()
         # the queued requests, their progress and their outputs not handed out yet
-        self._requests = RequestTracker(self.scheduler)
+        self._requests = RequestTracker(self.scheduler, lambda: self.tokenizer)
         # `subscribe_kv_events` callbacks, called after every step with its events
         self._kv_event_callbacks: list[Callable[[list[KVCacheEvent]], object]] = []
 
@@ -183,31 +184,34 @@ class LLMEngine(KVCacheAccess):
 
     def add_request(
         self,
-        prompt: PromptType,
-        params: SamplingParams | None = None,
         request_id: str | None = None,
+        prompt: PromptType | None = None,
+        params: SamplingParams | None = None,
+        *,
         cache_salt: str | None = None,
     ) -> str:
-        """Validate and queue a request; returns its id (the one `step()`'s output, `abort_request`
-        and `unfinished_request_ids()` use). Bad input raises before any state changes, so the
-        engine stays usable."""
-        if request_id is not None and not (isinstance(request_id, str) and request_id):
-            raise ValueError(
-                f"add_request: request_id must be a non-empty str or None (the engine picks "
-                f"one), got {request_id!r}"
-            )
+        """Validate and queue a request, as vLLM's `add_request(request_id, prompt, params)`
+        (`request_id=None`: the engine picks one); returns its id. `step()` then returns its
+        outputs as `params.output_kind` says. Bad input raises before any state changes."""
+        check_request_id(request_id, prompt)
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"add_request: cache_salt must be a str or None, got {cache_salt!r}")
         what = "add_request" if request_id is None else f"request {request_id}"
         prepared = self._prepare(what, prompt, params)
-        return self._add(prepared, request_id, cache_salt, None)
+        return self._add(prepared, request_id, cache_salt, prepared.params.output_kind)
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop an unfinished request (all its completions) and free its blocks. Its output,
-        with the tokens generated so far and `finish_reason="abort"`, comes from the next
-        `step()` (or, if `generate` or `stream` runs it, from there). An id that is not an
-        unfinished request of this engine raises `ValueError`."""
-        self._requests.abort(request_id)
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Stop unfinished requests (all their completions) and free their blocks; ids that
+        are not unfinished requests (finished meanwhile, or unknown) are ignored, as vLLM does.
+        An aborted request's output, with the tokens generated so far and
+        `finish_reason="abort"`, comes from the next `step()` (or from the `generate` or
+        `stream` that runs it)."""
+        for request_id in request_id_list(request_ids):
+            self._requests.abort(request_id)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Completions still running or waiting (as vLLM, each of a request's `n` counts)."""
+        return self._requests.num_unfinished_sequences()
 
     def unfinished_request_ids(self) -> list[str]:
         """Ids of the requests still running or waiting, in the order they were added."""
@@ -232,51 +236,36 @@ class LLMEngine(KVCacheAccess):
         prompt: PreparedPrompt,
         request_id: str | None,
         cache_salt: str | None,
-        queue: deque[StreamDelta] | None,
+        kind: RequestOutputKind | deque[StreamDelta],
     ) -> str:
-        """Queue a validated prompt as `n` scheduler requests; `queue` streams it."""
+        """Queue a validated prompt as `n` scheduler requests; `kind` says what `step()` returns
+        for it, or is the queue that streams it."""
         if request_id is None:
             request_id = self._ids.new()
         ids = child_ids(request_id, prompt.params.n)
-        self._check_ids(request_id, ids)
+        self._requests.check_new_ids(request_id, ids)
         self._ids.reserve(request_id)
-        read, streamed = prompt.read, queue is not None
-        parent = ParentRequest(
-            request_id, read.text, read.token_ids, read.encoder_text, read.encoder_token_ids
-        )
+        queue = kind if isinstance(kind, deque) else None
+        output_kind = kind if not isinstance(kind, deque) else RequestOutputKind.DELTA
+        parent = new_parent(request_id, prompt.read, output_kind)
+        incremental = output_kind != RequestOutputKind.FINAL_ONLY
         for index, child_id in enumerate(ids):
-            params = child_params(prompt.params, index)
-            request = Request(
-                child_id,
-                read.token_ids,
-                block_hasher=self.kv_cache_manager.make_block_hasher(),
-                cache_salt=cache_salt,
-                sampling_params=params,
-                encoder_token_ids=read.encoder_token_ids,
-            )
-            request.skip_reading_prefix_cache = params.prompt_logits
+            hasher = self.kv_cache_manager.make_block_hasher()
+            request = new_request(child_id, prompt, index, hasher, cache_salt, self.tokenizer)
             self.scheduler.add_request(request)
             parent.sequences.append(
-                new_sequence(request_id, index, request, self.tokenizer, streamed=streamed)
+                new_sequence(request_id, index, request, self.tokenizer, incremental=incremental)
             )
         self._requests.add(parent, queue)
         return request_id
 
-    def _check_ids(self, request_id: str, ids: list[str]) -> None:
-        """Refuse a request id in use (an unfinished request's, or a scheduler request's)."""
-        taken = [i for i in ids if i in self.scheduler.requests]
-        if self._requests.is_unfinished(request_id) or taken:
-            raise ValueError(
-                f"request id {(taken or [request_id])[0]!r} is already in use; pick another id "
-                "or let the engine choose one"
-            )
-
     # ---- running -------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; returns the outputs of requests that finished in it, of
-        requests aborted since the last step, and of requests that finished while `generate`
-        or `stream` was driving the engine for other prompts."""
+        """Run one scheduler step. Returns, as vLLM's, an output for every `add_request`
+        request the step advanced (its whole output so far, or what the step added, by its
+        `SamplingParams.output_kind`; FINAL_ONLY: only when it finishes, `finished=True`),
+        and the final outputs of requests aborted since the last step."""
         self._step()
         return self._requests.take_all()
 
@@ -297,7 +286,7 @@ class LLMEngine(KVCacheAccess):
         done: dict[str, RequestOutput] = {}
         try:
             for prompt in batch:
-                ids.append(self._add(prompt, None, None, None))
+                ids.append(self._add(prompt, None, None, RequestOutputKind.FINAL_ONLY))
             while True:
                 self._requests.take(set(ids), done)
                 if len(done) == len(ids):
@@ -377,7 +366,7 @@ class LLMEngine(KVCacheAccess):
         if self.drafter is not None:
             propose_drafts(self.drafter, output, self.max_model_len)
         finished_ids = {r.request_id for r in finished}
-        self._requests.advance(output, result, finished_ids, self.tokenizer)
+        self._requests.advance(output, result, finished_ids)
         self._publish_kv_events()
 
     def _execute(self, output: SchedulerOutput) -> StepResult:

@@ -19,6 +19,8 @@ class Logprob:
 
 # per generated token: token id -> Logprob, the sampled token first, then the top-k
 SampleLogprobs = list[dict[int, Logprob]]
+# per prompt token: None for the first, then the token's entry as in SampleLogprobs
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @attrs.define
@@ -44,6 +46,25 @@ class CompletionOutput:
         return self.finish_reason is not None
 
 
+@attrs.frozen
+class RequestMetrics:
+    """A request's timings and counts, as vLLM's `RequestStateStats`: when it was added and
+    produced its first and latest tokens (wall clock, `time.time()`), the first token's
+    latency in seconds, tokens generated (all completions) and preemptions."""
+
+    arrival_time: float
+    first_token_time: float | None
+    last_token_time: float | None
+    num_generation_tokens: int
+    num_preemptions: int
+
+    @property
+    def first_token_latency(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+
 @attrs.define
 class RequestOutput:
     """A finished request, shaped like vLLM's: `request_id`, `prompt` (the text, when given as
@@ -53,7 +74,10 @@ class RequestOutput:
     The first completion's fields are also kept flat for the engine's callers:
     `output_token_ids`, `text`, `finish_reason` and `logits` are `outputs[0]`'s.
     `num_preemptions` counts over all completions; `prompt_logits` (`[prompt_len, vocab]`
-    float32) comes with `SamplingParams.prompt_logits`.
+    float32) comes with `SamplingParams.prompt_logits`. As vLLM's: `prompt_logprobs` (None for
+    the first prompt token, then each token's entry, with `SamplingParams.prompt_logprobs`),
+    `num_cached_tokens` (prompt tokens its first admission read from the prefix cache) and
+    `metrics`.
     """
 
     request_id: str
@@ -70,6 +94,9 @@ class RequestOutput:
     # encoder-decoder models: the encoder's input (its text, when given as text)
     encoder_prompt_token_ids: list[int] | None = None
     encoder_prompt: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
 
 
 @attrs.frozen

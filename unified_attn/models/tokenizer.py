@@ -14,11 +14,18 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(
+        self,
+        ids: list[int],
+        *,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str: ...
 
 
 class ByteTokenizer:
-    """ids 0..255 are UTF-8 bytes; ids from 256 on are specials (bos, eos) and decode to ''."""
+    """ids 0..255 are UTF-8 bytes; ids from 256 on are specials (bos, eos) and have no text:
+    they decode to '' whether special tokens are skipped or not."""
 
     def __init__(
         self, bos_token_id: int | None = BYTE_BOS_ID, eos_token_id: int = BYTE_EOS_ID
@@ -35,12 +42,14 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [self.bos_token_id, *ids] if add_bos and self.bos_token_id is not None else ids
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], **_options: bool) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
-    """`transformers.AutoTokenizer` behind the same API (special tokens skipped on decode)."""
+    """`transformers.AutoTokenizer` behind the same API. Decoding skips special tokens unless
+    told not to (vLLM's default); `spaces_between_special_tokens` goes to the tokenizer, which
+    honours it when it is a slow (Python) one: transformers' fast tokenizers ignore it."""
 
     def __init__(self, path: str | Path) -> None:
         try:
@@ -60,8 +69,20 @@ class HFTokenizer:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return [self.bos_token_id, *ids] if add_bos and self.bos_token_id is not None else ids
 
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+    def decode(
+        self,
+        ids: list[int],
+        *,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
+        return str(
+            self.tokenizer.decode(
+                ids,
+                skip_special_tokens=skip_special_tokens,
+                spaces_between_special_tokens=spaces_between_special_tokens,
+            )
+        )
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")

@@ -12,7 +12,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType, CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
-from unified_attn.runner.sampler import Sampler, TokenLogprobs
+from unified_attn.runner.sampler import Sampler, TokenLogprobs, token_logprobs
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.step_inputs import (
     BlockTables,
@@ -206,21 +206,32 @@ class ModelRunner:
             return False
         q = output.scheduled[0].num_new_tokens
         return q in self.graphs.query_lens and all(
-            s.num_new_tokens == q and s.will_sample and not s.request.sampling_params.prompt_logits
+            s.num_new_tokens == q
+            and s.will_sample
+            and not s.request.sampling_params.needs_prompt_rows
             for s in output.scheduled
         )
 
     def _collect_prompt_logits(self, output, common, hidden, result: StepResult) -> None:
+        """The logits (`prompt_logits`) and the next prompt token's log-probabilities
+        (`prompt_logprobs`, raw as the sampler's) of this step's prompt positions."""
         starts = common.query_start_loc_cpu.tolist()
         for i, entry in enumerate(output.scheduled):
-            request = entry.request
-            if not request.sampling_params.prompt_logits:
+            request, before = entry.request, entry.num_computed_before
+            params = request.sampling_params
+            if not params.needs_prompt_rows:
                 continue
-            end = min(entry.num_computed_before + entry.num_new_tokens, request.num_prompt_tokens)
-            count = end - entry.num_computed_before
-            if count > 0:
-                rows = hidden[starts[i] : starts[i] + count]
-                result.prompt_logits[request.request_id] = self.model.compute_logits(rows).cpu()
+            end = min(before + entry.num_new_tokens, request.num_prompt_tokens)
+            if end <= before:
+                continue
+            logits = self.model.compute_logits(hidden[starts[i] : starts[i] + end - before])
+            if params.prompt_logits:
+                result.prompt_logits[request.request_id] = logits.cpu()
+            targets = request.prompt_token_ids[before + 1 : end + 1]  # the last has none
+            if params.prompt_logprobs is not None and targets:
+                rows = self.sampler.log_softmax(logits[: len(targets)].float())
+                ks = [params.prompt_logprobs] * len(targets)
+                result.prompt_logprobs[request.request_id] = token_logprobs(rows, targets, ks)
 
     def prepare_inputs(self, output: SchedulerOutput) -> StepInputs:
         """Host-side batch layout: token ids, positions, the metadata and block tables."""

@@ -24,6 +24,7 @@ from unified_attn.models.families import (
     family_of_preset,
     kv_cache_options,
     preset_names,
+    shape_names,
 )
 from unified_attn.models.hf import read_hf_config
 from unified_attn.selector import SelectorConfig, select_backend
@@ -95,10 +96,20 @@ def load_model(engine: Any) -> ModelSource:
         model, tokenizer = family.load(checkpoint_path(engine.model), backend_cls, dtype=dtype,
                                        device=device, backend_options=options)  # fmt: skip
     return ModelSource(
-        model, tokenizer, backend_cls, config.vocab_size, max_model_len, config.eos_token_ids,
+        model, tokenizer, backend_cls, config.vocab_size, max_model_len,
+        tokenizer_eos_first(config.eos_token_ids, tokenizer),
         kind=family.model_kind,
         **family.source_fields(config),
     )  # fmt: skip
+
+
+def tokenizer_eos_first(eos_token_ids: tuple[int, ...], tokenizer: Any) -> tuple[int, ...]:
+    """The model's EOS ids with the tokenizer's own EOS first: vLLM's `eos_token_id` (a request
+    it ends has no `stop_reason`); the others act as stop tokens."""
+    eos = next(iter(getattr(tokenizer, "eos_token_ids", ())), None)
+    if eos not in eos_token_ids:
+        return eos_token_ids
+    return (eos, *(t for t in eos_token_ids if t != eos))
 
 
 def checkpoint_path(model: str) -> Path:
@@ -110,10 +121,20 @@ def model_config(model: str) -> AnyModelConfig:
     family = family_of_preset(model)
     if family is not None and model in family.presets:
         return family.presets[model]
+    if not model.strip():
+        raise ValueError(
+            "model is empty; give a preset name (see `unified-attn models`) or a checkpoint "
+            "directory"
+        )
     path = checkpoint_path(model)
     if path.is_dir():
         hf = read_hf_config(path)
         return family_for_hf(hf).config_from_hf(hf, name=path.name)
+    if model in shape_names():
+        raise ValueError(
+            f"model {model!r} is a real model's shape for `unified-attn plan` (no weights); run "
+            f"a preset ({', '.join(preset_names())}) or a checkpoint directory"
+        )
     raise ValueError(
         f"model {model!r} is neither a preset ({', '.join(preset_names())}) "
         "nor a checkpoint directory; see `unified-attn models`"

@@ -2,11 +2,13 @@
 
 1. Log-probabilities, when a request asks for them, come from the model's raw logits (vLLM's
    default `raw_logprobs`): nothing below changes them.
-2. `min_tokens`: until a request has that many output tokens, its EOS (unless `ignore_eos`) and
-   `stop_token_ids` logits are -inf.
-3. Penalties: repetition (prompt and output tokens), then frequency and presence (output tokens).
-4. Greedy requests take the argmax; the others divide by the temperature, apply top-k then top-p
-   and draw, from their own generator when seeded.
+2. `allowed_token_ids`: every other token's logit is -inf. `bad_words`: a word's last token is
+   -inf when the output so far ends with the word's other tokens.
+3. `min_tokens`: until a request has that many output tokens, its EOS (unless `ignore_eos`) and
+   `stop_token_ids` logits are -inf. Then `logit_bias` is added.
+4. Penalties: repetition (prompt and output tokens), then frequency and presence (output tokens).
+5. Greedy requests take the argmax; the others divide by the temperature, apply min-p, top-k
+   then top-p and draw, from their own generator when seeded.
 """
 
 from __future__ import annotations
@@ -43,8 +45,12 @@ class SamplerOutput:
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Temperature, then top-k, then top-p (nucleus) on one row `[V]` of float32 logits."""
+    """Temperature, then min-p, top-k, then top-p (nucleus) on one row `[V]` of float32
+    logits."""
     logits = logits / params.temperature
+    if params.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < probs.max() * params.min_p, float("-inf"))
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -78,6 +84,43 @@ def apply_penalties(
         penalty = torch.where(seen, params.repetition_penalty, 1.0)
         logits = logits * torch.where(logits > 0, 1.0 / penalty, penalty)
     return logits - params.frequency_penalty * counts - params.presence_penalty * in_output
+
+
+def ban_bad_words(
+    logits: torch.Tensor, bad_words: Sequence[Sequence[int]], output_token_ids: Sequence[int]
+) -> torch.Tensor:
+    """vLLM's bad words on one row `[V]`: a word's last token is -inf when the output ends with
+    the word's other tokens (a one-token word: always)."""
+    banned = []
+    for word in bad_words:
+        prefix = list(word[:-1])
+        if len(prefix) <= len(output_token_ids) and (
+            not prefix or list(output_token_ids[-len(prefix) :]) == prefix
+        ):
+            banned.append(word[-1])
+    if not banned:
+        return logits
+    return logits.index_fill(0, torch.tensor(banned, device=logits.device), float("-inf"))
+
+
+def token_logprobs(
+    logprobs: torch.Tensor, tokens: Sequence[int], ks: Sequence[int]
+) -> list[TokenLogprobs]:
+    """Row `i` of `logprobs [N, V]`: token `tokens[i]`'s log-probability and rank, and the
+    `ks[i]` most likely tokens (-1: all of them)."""
+    vocab = logprobs.shape[-1]
+    ks = [vocab if k == -1 else k for k in ks]
+    chosen = torch.tensor(list(tokens), device=logprobs.device)
+    chosen_lp = logprobs.gather(1, chosen[:, None])
+    ranks = (logprobs >= chosen_lp).sum(dim=-1).tolist()
+    top_lp, top_ids = torch.topk(logprobs, max(ks), dim=-1)
+    top_lp_rows, top_id_rows = top_lp.tolist(), top_ids.tolist()
+    return [
+        TokenLogprobs(token, value, rank, tuple(ids[:k]), tuple(lps[:k]))
+        for token, value, rank, ids, lps, k in zip(
+            tokens, chosen_lp[:, 0].tolist(), ranks, top_id_rows, top_lp_rows, ks, strict=True
+        )
+    ]
 
 
 def _torch_log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -194,7 +237,11 @@ class Sampler:
     @staticmethod
     def _needs_processing(request: Request | _Extended) -> bool:
         params: SamplingParams = request.sampling_params
-        return params.has_penalties or request.num_output_tokens < params.min_tokens
+        return (
+            params.has_penalties
+            or params.changes_logits
+            or request.num_output_tokens < params.min_tokens
+        )
 
     def _process_row(
         self, row: torch.Tensor, request: Request | _Extended, force: bool = True
@@ -204,13 +251,33 @@ class Sampler:
         params: SamplingParams = request.sampling_params
         if not force and not self._needs_processing(request):
             return row
+        if params.allowed_token_ids is not None:
+            row = self._allowed_only(row, request.request_id, params.allowed_token_ids)
+        if request.bad_words_token_ids:
+            row = ban_bad_words(row, request.bad_words_token_ids, request.output_token_ids)
         if request.num_output_tokens < params.min_tokens:
             row = row.clone()
             row[stop_token_ids(params, self.eos_token_ids)] = float("-inf")
+        if params.logit_bias:
+            tokens = torch.tensor(list(params.logit_bias), device=row.device)
+            biases = torch.tensor(list(params.logit_bias.values()), device=row.device)
+            row = row.index_add(0, tokens, biases.to(row.dtype))
         if params.has_penalties:
             mask = self._prompt_mask(request, row) if params.repetition_penalty != 1.0 else None
             row = apply_penalties(row, mask, request.output_token_ids, params)
         return row
+
+    def _allowed_only(
+        self, row: torch.Tensor, request_id: str, allowed: Sequence[int]
+    ) -> torch.Tensor:
+        """`row` with every token outside `allowed` at -inf (the mask is built once)."""
+        key = request_id + "/allowed"
+        mask = self.prompt_masks.get(key)
+        if mask is None:
+            mask = torch.ones(row.shape[-1], dtype=torch.bool, device=row.device)
+            mask[torch.tensor(list(allowed), dtype=torch.int64, device=row.device)] = False
+            self.prompt_masks[key] = mask
+        return row.masked_fill(mask, float("-inf"))
 
     def _prompt_mask(self, request: Request | _Extended, row: torch.Tensor) -> torch.Tensor:
         mask = self.prompt_masks.get(request.request_id)
@@ -227,24 +294,14 @@ class Sampler:
         """Raw log-probabilities of the rows whose requests set `SamplingParams.logprobs`."""
         out: list[TokenLogprobs | None] = [None] * len(requests)
         rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
-        if not rows:
-            return out
-        logprobs = self.log_softmax(logits[rows].float())
-        sampled = torch.tensor([tokens[i] for i in rows], device=logprobs.device)
-        sampled_lp = logprobs.gather(1, sampled[:, None])
-        ranks = (logprobs >= sampled_lp).sum(dim=-1).tolist()
-        k = max(requests[i].sampling_params.logprobs for i in rows)
-        top_lp, top_ids = torch.topk(logprobs, k, dim=-1)
-        top_lp_rows, top_id_rows = top_lp.tolist(), top_ids.tolist()
-        for j, (i, value) in enumerate(zip(rows, sampled_lp[:, 0].tolist(), strict=True)):
-            k_i = requests[i].sampling_params.logprobs
-            out[i] = TokenLogprobs(
-                tokens[i],
-                value,
-                ranks[j],
-                tuple(top_id_rows[j][:k_i]),
-                tuple(top_lp_rows[j][:k_i]),
+        if rows:
+            found = token_logprobs(
+                self.log_softmax(logits[rows].float()),
+                [tokens[i] for i in rows],
+                [requests[i].sampling_params.logprobs for i in rows],
             )
+            for i, lp in zip(rows, found, strict=True):
+                out[i] = lp
         return out
 
     def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
@@ -258,6 +315,7 @@ class Sampler:
     def drop(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
         self.prompt_masks.pop(request_id, None)
+        self.prompt_masks.pop(request_id + "/allowed", None)
 
 
 @attrs.frozen
@@ -279,6 +337,10 @@ class _Extended:
     @property
     def prompt_token_ids(self) -> list[int]:
         return self.request.prompt_token_ids
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        return self.request.bad_words_token_ids
 
     @property
     def num_output_tokens(self) -> int:

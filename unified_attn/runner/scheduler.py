@@ -174,6 +174,8 @@ class Scheduler:
             self.running.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
             block_ids = self.kv.get_block_ids(request)
             scheduled.append(self._commit(request, num_new, block_ids, True))
             budget -= num_new
@@ -253,23 +255,25 @@ class Scheduler:
         return finished
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
-        """vLLM's order: the length caps first (`max_tokens=None`: only `max_model_len`), then,
-        once `min_tokens` are out, eos (unless ignored), then stop tokens (the token becomes the
-        request's `stop_reason`)."""
+        """vLLM 0.33's `check_stop` order: EOS (unless ignored), then `stop_token_ids` (the
+        token becomes the `stop_reason`), and only then the length caps (`max_tokens`, and
+        `max_model_len`). The model's first EOS id is its EOS; further EOS ids (a generation
+        config's list) stop with their id as the `stop_reason`, as vLLM adds them to the stop
+        tokens. `min_tokens` needs no check here: the sampler masks these tokens until then."""
         params: SamplingParams = request.sampling_params
+        token = request.output_token_ids[-1]
+        if not params.ignore_eos and token in self.eos_token_ids:
+            if token != self.eos_token_ids[0]:
+                request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
         num_output = request.num_output_tokens
         if (
             params.max_tokens is not None and num_output >= params.max_tokens
         ) or request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
-        if num_output < params.min_tokens:
-            return None
-        token = request.output_token_ids[-1]
-        if not params.ignore_eos and token in self.eos_token_ids:
-            return RequestStatus.FINISHED_STOPPED
-        if token in params.stop_token_ids:
-            request.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:

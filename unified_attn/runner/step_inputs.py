@@ -81,6 +81,8 @@ class StepResult:
     # one per new token, when `SamplingParams.logprobs` is set
     logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     prompt_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # rows of this step's prompt
+    # the next prompt token's log-probability at each of this step's prompt positions
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     sample_logits: dict[str, torch.Tensor] = attrs.Factory(dict)  # [new tokens, V] rows
     num_drafts: dict[str, int] = attrs.Factory(dict)  # drafts verified (speculative decoding)
 

@@ -36,6 +36,8 @@ from unified_attn.runner.kv_plan import (
 )
 from unified_attn.runner.memory import format_memory, host_memory_bytes
 
+CPU_KV_CACHE_MEMORY = 64 * 2**20  # the KV budget on a CPU device unless one is given
+
 
 @attrs.frozen
 class KVCacheReport:
@@ -47,6 +49,7 @@ class KVCacheReport:
     num_blocks: int
     max_model_len: int
     blocks_per_request: tuple[int, ...]
+    budget: str = ""  # where the KV budget came from
 
     @property
     def max_concurrency(self) -> float:
@@ -73,6 +76,7 @@ class KVCacheReport:
             "capacity_tokens": self.capacity_tokens,
             "max_concurrency": self.max_concurrency,
             "max_model_len": self.max_model_len,
+            "budget": self.budget,
         }
 
 
@@ -101,19 +105,24 @@ class Worker:
         self.kv_buffer: torch.Tensor | None = None
         self.num_blocks = 0
         self.bound_layers: dict[str, BoundLayer] = {}
+        self.budget = ""  # where the KV budget came from (`available_memory`)
 
     def available_memory(self) -> int:
         """The KV budget: `kv_cache_memory` (checked against what the device has), else on
-        CUDA `gpu_memory_utilization` of the free memory."""
+        CUDA `gpu_memory_utilization` of the memory free now (the model is loaded), else
+        `CPU_KV_CACHE_MEMORY`. `budget` says which applied."""
         if self.kv_cache_memory is not None:
             self.check_budget_fits_device(self.kv_cache_memory)
+            self.budget = f"kv_cache_memory={format_memory(self.kv_cache_memory)}"
             return self.kv_cache_memory
         if self.device.type != "cuda":
-            raise ValueError(
-                f"kv_cache_memory is required on device {self.device.type!r} (e.g. 256MiB); "
-                "only CUDA devices are sized from free memory"
-            )
+            self.budget = f"the {format_memory(CPU_KV_CACHE_MEMORY)} default of a CPU device"
+            return CPU_KV_CACHE_MEMORY
         free, _total = torch.cuda.mem_get_info(self.device)
+        self.budget = (
+            f"gpu_memory_utilization={self.gpu_memory_utilization:g} of the "
+            f"{format_memory(free)} free once the model was loaded"
+        )
         return int(free * self.gpu_memory_utilization)
 
     def check_budget_fits_device(self, budget: int) -> None:
@@ -250,6 +259,7 @@ class Worker:
             num_blocks=self.num_blocks,
             max_model_len=self.max_model_len,
             blocks_per_request=tuple(self.blocks_per_request),
+            budget=self.budget,
         )
 
 

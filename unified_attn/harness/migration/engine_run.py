@@ -10,7 +10,7 @@ import attrs
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.engine.outputs import RequestOutput
 from unified_attn.harness.migration.migration_workload import Workload
-from unified_attn.sampling_params import SamplingParams
+from unified_attn.sampling_params import RequestOutputKind, SamplingParams
 
 REQUIRED_COVERAGE = (
     "mixed_prefill_decode_steps",
@@ -29,8 +29,13 @@ class EngineRun:
 
 
 def run_workload(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> EngineRun:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, return_logits=True)
-    ids = [engine.add_request(p, params) for p in prompts]
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        return_logits=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+    ids = [engine.add_request(None, p, params) for p in prompts]
     done: dict[str, RequestOutput] = {}
     step_ms, mixed, stats = [], 0, engine.stats
     while engine.has_unfinished_requests():

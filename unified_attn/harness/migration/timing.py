@@ -12,7 +12,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.engine.llm_engine import LLMEngine
-from unified_attn.sampling_params import SamplingParams
+from unified_attn.sampling_params import RequestOutputKind, SamplingParams
 from unified_attn.utils import cdiv
 
 
@@ -34,9 +34,13 @@ def decode_engine(
         enable_prefix_caching=False,
         **kwargs,
     )
-    params = SamplingParams(max_tokens=engine.max_model_len - context, ignore_eos=True)
+    params = SamplingParams(
+        max_tokens=engine.max_model_len - context,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
     for i in range(num_requests):
-        engine.add_request([(i * 7919 + j) % 256 for j in range(context)], params)
+        engine.add_request(None, [(i * 7919 + j) % 256 for j in range(context)], params)
     engine.runner.prepare_inputs(engine.scheduler.schedule())  # one prefill step: rows assigned
     return engine
 
