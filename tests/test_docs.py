@@ -1,5 +1,6 @@
-"""Every ```python block in the README and docs/ runs, in order, one namespace per file; so
-does the example backend in `unified_attn.backend`'s docstring."""
+"""Every ```python block in the README and docs/ runs on its own, in a fresh namespace named
+`__main__`, as a user would paste it into a file (its imports included, nothing from the blocks
+before it); so does the example backend in `unified_attn.backend`'s docstring."""
 
 from __future__ import annotations
 
@@ -33,25 +34,30 @@ def clean_registry():
     family_registry._FAMILIES[:] = saved_families
 
 
-def run_blocks(blocks: list[str], where: str, tmp_path: Path, monkeypatch) -> None:
+def run_block(code: str, where: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": f"docs_{Path(where).stem}"}
-    for i, code in enumerate(blocks):
-        try:
-            exec(compile(code, f"{where} block {i + 1}", "exec"), namespace)
-        except Exception as error:
-            raise AssertionError(f"{where}, python block {i + 1} fails: {error!r}") from error
+    try:
+        exec(compile(code, where, "exec"), {"__name__": "__main__"})
+    except Exception as error:
+        raise AssertionError(f"{where} fails on its own: {error!r}") from error
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
-def test_python_blocks_run(path, tmp_path, monkeypatch, clean_registry):
-    blocks = python_blocks(path.read_text())
-    run_blocks(blocks, str(path.relative_to(ROOT)), tmp_path, monkeypatch)
+BLOCKS = [
+    pytest.param(path, i, id=f"{path.name}#{i + 1}")
+    for path in DOCS
+    for i in range(len(python_blocks(path.read_text())))
+]
+
+
+@pytest.mark.parametrize("path, index", BLOCKS)
+def test_each_python_block_runs_alone(path, index, tmp_path, monkeypatch, clean_registry):
+    code = python_blocks(path.read_text())[index]
+    run_block(code, f"{path.relative_to(ROOT)}, python block {index + 1}", tmp_path, monkeypatch)
 
 
 def test_the_example_backend_on_the_contract_runs(tmp_path, monkeypatch, clean_registry):
     (example,) = python_blocks(unified_attn.backend.__doc__ or "")
-    run_blocks([example], "unified_attn/backend/__init__.py", tmp_path, monkeypatch)
+    run_block(example, "unified_attn/backend/__init__.py", tmp_path, monkeypatch)
     from unified_attn import LLMEngine, SamplingParams
 
     engine = LLMEngine("tiny-llama", backend="value-copy")

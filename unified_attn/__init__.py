@@ -20,14 +20,33 @@ from `unified_attn.managers`; `KVCacheTensorSpec`, `StateSpec` from
 `unified_attn.models.families`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata, LayerConfig
-from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.engine.outputs import CompletionOutput, RequestOutput
-from unified_attn.llm import LLM
 from unified_attn.managers import KVCacheManager, SingleTypeKVCacheManager, SlidingWindowManager
 from unified_attn.sampling_params import SamplingParams
 from unified_attn.selector import register_backend
 from unified_attn.tensor_specs import PagedKVSpec
+
+if TYPE_CHECKING:
+    from unified_attn.engine.llm_engine import LLMEngine
+    from unified_attn.llm import LLM
+
+
+def __getattr__(name: str) -> Any:
+    """`LLM` and `LLMEngine` load on first use: they bring in the models and their Triton
+    kernels, which decide at import whether they run in Triton's interpreter, so a command can
+    choose that first (`unified_attn.cli`)."""
+    if name == "LLM":
+        from unified_attn.llm import LLM
+
+        return LLM
+    if name == "LLMEngine":
+        from unified_attn.engine.llm_engine import LLMEngine
+
+        return LLMEngine
+    raise AttributeError(f"module 'unified_attn' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

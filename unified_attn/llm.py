@@ -11,13 +11,31 @@ print(outputs[0].outputs[0].text)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.engine.outputs import EncodeOutput, RequestOutput, StreamDelta
 from unified_attn.engine.prompts import PromptType
 from unified_attn.sampling_params import SamplingParams
+
+
+@contextmanager
+def progress_bar(what: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on stderr; yields its `(done, total)` update."""
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(what, total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield update
 
 
 class LLM:
@@ -51,15 +69,42 @@ class LLM:
         A prompt is text, a list of token ids, or a dict `{"prompt": text}` or
         `{"prompt_token_ids": ids}`; `prompts` is one prompt or a list of them.
         `sampling_params` is one `SamplingParams` for all prompts or one per prompt (None:
-        `SamplingParams()`, greedy, 16 tokens). `use_tqdm` is accepted for vLLM's signature and
-        shows nothing: no progress bar is drawn (stream the deltas to show progress).
+        `SamplingParams()`, greedy, 16 tokens). `use_tqdm=True` draws a progress bar of
+        finished prompts on stderr while it runs (rich's; gone when done).
         """
         if not isinstance(use_tqdm, bool):
+            raise ValueError(f"LLM.generate: use_tqdm must be True or False, got {use_tqdm!r}")
+        if not use_tqdm:
+            return self.llm_engine.generate(prompts, sampling_params)
+        with progress_bar("generating") as advance:
+            return self.llm_engine.generate(prompts, sampling_params, on_progress=advance)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """vLLM's `chat`: one conversation (a list of `{"role": ..., "content": ...}`) or a
+        list of them, each rendered with the checkpoint tokenizer's chat template (or
+        `chat_template`), then generated; one `RequestOutput` per conversation."""
+        tokenizer = self.llm_engine.tokenizer
+        render = getattr(tokenizer, "chat_token_ids", None)
+        if render is None:
             raise ValueError(
-                f"LLM.generate: use_tqdm must be True or False, got {use_tqdm!r}; no progress "
-                "bar is drawn either way (iterate LLM.stream to follow progress)"
+                f"LLM.chat: model {self.llm_engine.config.model!r} has no tokenizer with a chat "
+                "template (the presets' byte tokenizer has none); use generate(prompts), or a "
+                "checkpoint whose tokenizer_config.json has a chat_template"
             )
-        return self.llm_engine.generate(prompts, sampling_params)
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = [
+            render(conversation, chat_template, add_generation_prompt)
+            for conversation in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def stream(
         self,

@@ -2,9 +2,12 @@
 (`run` takes what `check` and `migrate` take); `backends`, `models`, `--version`, `--help`."""
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
+import torch
 
 from unified_attn.cli import main
 
@@ -159,3 +162,42 @@ def test_every_help_shows_defaults_and_choices(capsys, command, shown):
     assert code == 0
     for fragment in shown:
         assert fragment in text
+
+
+def test_plan_takes_the_dtype_serving_uses_on_its_device(capsys):
+    for device, dtype in (("cpu", "float32"), ("cuda", "bfloat16")):
+        code, out = run(capsys, "plan", "--model", "gemma2-9b", "--device", device,
+                        "--kv-cache-memory", "8GiB", "--json")  # fmt: skip
+        settings = json.loads(out.out)["settings"]
+        assert code == 0 and (settings["dtype"], settings["device"]) == (dtype, device)
+    code, out = run(capsys, "plan", "--model", "gemma2-9b", "--device", "cuda",
+                    "--kv-cache-memory", "8GiB")  # fmt: skip
+    assert code == 0 and "bfloat16 (on cuda)" in " ".join(out.out.split())
+
+
+def test_run_shows_a_few_generated_outputs(capsys):
+    code, out = run(capsys, "run", "--num-requests", "4", "--max-tokens", "3", "--json")
+    samples = json.loads(out.out)["sample_outputs"]
+    assert code == 0 and len(samples) == 3
+    assert all(len(s["token_ids"]) == 3 and s["finish_reason"] for s in samples)
+    code, out = run(capsys, "run", "--num-requests", "2", "--max-tokens", "3")
+    assert code == 0 and "Generated (first requests)" in out.out and "req-1" in out.out
+
+
+def test_tables_wrap_long_names_instead_of_cutting_them(capsys):
+    """Captured output is not a terminal: 80 columns, where rich would cut cells with '…'."""
+    code, out = run(capsys, "backends")
+    assert code == 0 and "…" not in out.out
+    code, out = run(capsys, "plan", "--model", "deepseek-v4-flash", "--kv-cache-memory", "8GiB")
+    assert code == 0 and "…" not in out.out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for machines without CUDA")
+def test_the_command_runs_triton_in_the_interpreter_without_being_told():
+    """A new user on a CPU machine does not know TRITON_INTERPRET: the command sets it before
+    any kernel is imported (kernels pick interpreter or compiler when imported)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    argv = [sys.executable, "-m", "unified_attn.cli", "check", "triton", "--json"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["ok"]

@@ -110,6 +110,12 @@ CASES = [
     (["run", "--speculative-method", "draft", *FAST], "--speculative-method 'draft' needs "
      "--draft-model"),
     (["run", "--backend", "linear-state", *FAST], "Backends that can: ['reference', 'triton']"),
+    (["migrate", "--legacy", "nosuch", "--native", "reference", "--small"],
+     "--legacy 'nosuch' is not a legacy backend; use one of legacy-reference, legacy-triton"),
+    (["migrate", "--legacy", "mla-reference", "--native", "reference", "--small"],
+     "--legacy 'mla-reference' is a native backend"),
+    (["migrate", "--legacy", "reference", "--native", "legacy-reference", "--small"],
+     "--native 'legacy-reference' is the adapter over a legacy backend"),
     (["models", "--bogus"], "unrecognized arguments: --bogus"),
     (["run", "--model", "{checkpoint}", "--prompt", "hi", *FAST],
      "has no tokenizer to encode text; pass token ids with --prompt-ids 1,2,3 or add the "

@@ -92,6 +92,7 @@ def test_plan_takes_runs_defaults_shows_them_and_matches_what_run_allocates(caps
         "max_model_len": 2048,
         "max_in_flight_tokens": 512,
         "dtype": "float32",
+        "device": "cpu",
         "block_size": 16,
         "tensor_parallel_size": 1,
     }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -275,3 +277,27 @@ def test_a_bad_option_found_while_building_is_raised_as_itself_and_the_ranks_sto
         LLMEngine("hybrid-linear", tensor_parallel_size=2, speculative_method="ngram",
                   num_speculative_tokens=2)  # fmt: skip
     assert not multiprocessing.active_children()
+
+
+UNGUARDED = """
+from unified_attn import LLM, SamplingParams
+
+llm = LLM("tiny-llama", tensor_parallel_size=2)
+print(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].output_token_ids)
+"""
+
+
+def test_an_unguarded_script_is_told_to_add_a_main_guard(tmp_path):
+    """Each spawned rank imports the script again; unguarded, it would build another engine
+    there. The rank refuses, and rank 0 says what to add."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = os.environ | {"UNIFIED_ATTN_TP_TIMEOUT_S": "5"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: tensor parallelism: rank 1 died")
+    assert 'put that code under `if __name__ == "__main__":`' in last

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
-from unified_attn.cli import backends, check, migrate, models, plan, run
-from unified_attn.cli.arguments import join_negative_values
+from unified_attn.cli.arguments import join_negative_values, use_interpreter_without_gpu
 
 PROG = "unified-attn"
 EXIT_BAD_INPUT = 2
@@ -43,6 +42,9 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    use_interpreter_without_gpu()  # before the commands import the kernels
+    from unified_attn.cli import backends, check, migrate, models, plan, run
+
     parser = CommandParser(prog=PROG, description="The `unified-attn` command.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(

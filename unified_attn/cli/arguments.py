@@ -38,6 +38,14 @@ def prepare_cli(device: str, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def use_interpreter_without_gpu() -> None:
+    """On a machine without CUDA, Triton's kernels run in its interpreter (unless the user set
+    TRITON_INTERPRET): a kernel decides when it is imported, so this runs before the commands
+    import any."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def add_cwd_to_path() -> None:
     """`module:Class` backends resolve from the working directory, as `python -m` would."""
     if os.getcwd() not in sys.path:

@@ -50,8 +50,9 @@ def usable(row: dict[str, Any]) -> str:
 
 def print_backends(rows: list[dict[str, Any]], device: str) -> None:
     from rich import box
-    from rich.console import Console
     from rich.table import Table
+
+    from unified_attn.harness.report_console import ReportConsole
 
     first = rows[0] if rows else {"dtype": "?", "head_size": "?"}
     table = Table(
@@ -67,7 +68,7 @@ def print_backends(rows: list[dict[str, Any]], device: str) -> None:
         table.add_row(row["name"], priorities(row), ", ".join(row["layer_kinds"]),
                       yes_no(row["batch_invariant"]), yes_no(row["cuda_graphs"]),
                       usable(row))  # fmt: skip
-    console = Console()
+    console = ReportConsole()
     console.print(table)
     for row in rows:
         if row["reasons"]:

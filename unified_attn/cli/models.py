@@ -31,9 +31,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def print_models(report: dict[str, Any]) -> None:
-    from rich.console import Console
+    from unified_attn.harness.report_console import ReportConsole
 
-    console = Console()
+    console = ReportConsole()
     console.print(model_table("Presets (run, plan, migrate)", report["presets"]))
     console.print(model_table("Real-model shapes (plan only)", report["real_shapes"]))
     console.print(

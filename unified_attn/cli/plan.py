@@ -13,6 +13,8 @@ import importlib.util
 import json
 from typing import Any
 
+import torch
+
 from unified_attn.cli.arguments import (
     DTYPES,
     kv_cache_dtype,
@@ -28,7 +30,11 @@ from unified_attn.harness.capacity import (
 )
 from unified_attn.models.families import family_of
 from unified_attn.runner.memory import format_memory
-from unified_attn.runner.model_source import DEFAULT_MODEL, resolve_max_model_len
+from unified_attn.runner.model_source import (
+    DEFAULT_MODEL,
+    default_dtype,
+    resolve_max_model_len,
+)
 from unified_attn.tensor_specs import as_dtype
 
 
@@ -64,11 +70,18 @@ def add_parser(commands: Any) -> None:
         help="tokens in flight per request (sizes window groups)",
     )
     plan.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="the device the plan is for: it sets the default --dtype, as serving does "
+        "(float32 on cpu, bfloat16 on cuda); nothing is allocated",
+    )
+    plan.add_argument(
         "--dtype",
-        default="float32",
+        default=None,
         choices=DTYPES,
-        help="model dtype, the KV-cache dtype with --kv-cache-dtype auto (`run` uses "
-        "bfloat16 on CUDA)",
+        help="model dtype, the KV-cache dtype with --kv-cache-dtype auto (default: what "
+        "`run` uses on --device)",
     )
     plan.add_argument(
         "--kv-cache-dtype",
@@ -105,6 +118,8 @@ def main(args: Any) -> int:
         # the family's shard (DeepSeek's latent caches are replicated: local heads)
         config = family_of(config).shard_config(config, args.tensor_parallel_size)
     max_model_len = resolve_max_model_len(args.max_model_len, config)
+    if args.dtype is None:  # what serving on the device would use
+        args.dtype = str(default_dtype(torch.device(args.device))).removeprefix("torch.")
     kwargs = dict(dtype=as_dtype(args.dtype), block_size=args.block_size,
                   max_in_flight_tokens=args.max_num_batched_tokens,
                   kv_cache_dtype=args.kv_cache_dtype)  # fmt: skip
@@ -129,6 +144,7 @@ def settings(args: Any, max_model_len: int, block_size: int) -> dict[str, Any]:
         "max_model_len": max_model_len,
         "max_in_flight_tokens": min(args.max_num_batched_tokens, max_model_len),
         "dtype": args.dtype,
+        "device": args.device,
         "block_size": block_size,
         "tensor_parallel_size": args.tensor_parallel_size,
     }
@@ -183,10 +199,11 @@ def plot_capacity(config: PlanConfig, memory: int, path: str, **kwargs: Any) -> 
 
 
 def print_plan(report: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from unified_attn.harness.report_console import ReportConsole
+
+    console = ReportConsole()
     if "settings" in report:
         console.print(describe_settings(report["settings"]))
     groups = Table(title=f"{report['model']}: KV-cache groups", title_justify="left")
@@ -227,7 +244,8 @@ def describe_settings(settings: dict[str, Any]) -> str:
         f"plan for {settings['model']}: KV cache {format_memory(settings['kv_cache_memory'])}"
         f"{ranks}, max_model_len {settings['max_model_len']:,}, "
         f"{settings['max_in_flight_tokens']:,} tokens in flight per request, "
-        f"{settings['dtype']}{kv_dtype}, block size {settings['block_size']}"
+        f"{settings['dtype']} (on {settings['device']}){kv_dtype}, "
+        f"block size {settings['block_size']}"
     )
 
 

@@ -9,6 +9,8 @@ import re
 import time
 from typing import Any
 
+from rich.console import Console
+
 from unified_attn.cli.arguments import (
     DTYPES,
     add_cwd_to_path,
@@ -203,7 +205,8 @@ def run(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     kwargs = engine_kwargs(args)
     try:
-        engine = LLMEngine(args.model, **kwargs)
+        with Console(stderr=True).status(f"loading {args.model} and sizing its KV cache"):
+            engine = LLMEngine(args.model, **kwargs)
     except ValueError as error:
         raise ValueError(as_flags(str(error), list(kwargs))) from None
     setup_s = time.perf_counter() - start

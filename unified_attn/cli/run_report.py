@@ -70,14 +70,31 @@ def make_report(engine: LLMEngine, args, finished, setup_s: float, elapsed: floa
         "setup_s": setup_s,
         "elapsed_s": elapsed,
         "sample_output": finished[0].text if finished and finished[0].text is not None else None,
+        "sample_outputs": [sample(out) for out in finished[:SAMPLES]],
+    }
+
+
+SAMPLES = 3  # generated outputs the report shows
+
+
+def sample(out: Any) -> dict:
+    """One output as the report shows it: its id, the text (None without a tokenizer), the
+    token ids and why it ended."""
+    completion = out.outputs[0]
+    return {
+        "request_id": out.request_id,
+        "text": completion.text,
+        "token_ids": completion.token_ids,
+        "finish_reason": completion.finish_reason,
     }
 
 
 def print_report(report: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    from unified_attn.harness.report_console import ReportConsole
+
+    console = ReportConsole()
     kv = report["kv_cache"]
     if report["mode"] == "encode":
         print_encode_report(console, report)
@@ -128,6 +145,20 @@ def print_report(report: dict) -> None:
     for key, value in rows:
         summary.add_row(key, value)
     console.print(summary)
+    print_samples(console, report["sample_outputs"])
+
+
+def print_samples(console: Any, samples: list[dict]) -> None:
+    """A few generated outputs: the text, or the token ids of a model without a tokenizer."""
+    from rich.table import Table
+
+    table = Table(title="Generated (first requests)", title_justify="left")
+    for column in ("request", "output", "finish"):
+        table.add_column(column)
+    for s in samples:
+        shown = repr(s["text"]) if s["text"] is not None else f"token ids {s['token_ids']}"
+        table.add_row(s["request_id"], shown, s["finish_reason"])
+    console.print(table)
 
 
 def print_encode_report(console: Any, report: dict) -> None:

@@ -131,11 +131,22 @@ def _rank_main(config: Any, rank: int, world_size: int, port: int | None, errors
 # ---- rank 0 ------------------------------------------------------------------------------------
 
 
+# What a rank that dies before it serves most likely met: a script that builds the engine at
+# its top level, which each spawned rank imports again.
+UNGUARDED_SCRIPT = (
+    "if the engine is built by a script, put that code under `if __name__ == \"__main__\":` "
+    "(every rank is a spawned process that imports the script; unguarded, it builds another "
+    "tensor-parallel engine there)"
+)
+
+
 class TensorParallelGroup:
     """Rank 0's side: the spawned ranks, the step broadcast, failure reports and shutdown."""
 
     def __init__(self, config: Any) -> None:
         check_options(config)
+        if getattr(mp.current_process(), "_inheriting", False):  # a spawned rank starting
+            raise RuntimeError(UNGUARDED_SCRIPT)
         if dist.is_initialized():
             raise ValueError(
                 "tensor_parallel_size > 1: this process already belongs to a torch.distributed "
@@ -193,7 +204,7 @@ class TensorParallelGroup:
         for rank, process in enumerate(self.processes, start=1):
             process.join(timeout=0.1)
             if process.exitcode is not None:
-                return f"rank {rank} died (exit code {process.exitcode})"
+                return f"rank {rank} died (exit code {process.exitcode}); {UNGUARDED_SCRIPT}"
         return None
 
     def shutdown(self, graceful: bool = True) -> None:

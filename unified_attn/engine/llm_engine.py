@@ -273,8 +273,11 @@ class LLMEngine(KVCacheAccess):
         self,
         prompts: PromptType | Sequence[PromptType],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        on_progress: Callable[[int, int], object] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts to completion; outputs in input order.
+        """Run prompts to completion; outputs in input order. `on_progress(done, total)` is
+        called after every step (a progress bar's hook).
 
         Returns exactly these prompts' outputs. Requests added earlier with `add_request` keep
         running alongside; their outputs, if they finish meanwhile, come from the next `step()`.
@@ -289,6 +292,8 @@ class LLMEngine(KVCacheAccess):
                 ids.append(self._add(prompt, None, None, RequestOutputKind.FINAL_ONLY))
             while True:
                 self._requests.take(set(ids), done)
+                if on_progress is not None:
+                    on_progress(len(done), len(ids))
                 if len(done) == len(ids):
                     return [done[i] for i in ids]
                 self._check_progress("generate", set(ids) - done.keys())

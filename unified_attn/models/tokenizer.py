@@ -85,6 +85,28 @@ class HFTokenizer:
         )
 
 
+    def chat_token_ids(
+        self,
+        messages: list[dict[str, Any]],
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """A conversation rendered with the tokenizer's chat template (or `chat_template`) and
+        tokenized as the template writes it (its special tokens included, none added)."""
+        if chat_template is None and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                "this checkpoint's tokenizer has no chat template; pass chat_template=..., or "
+                "use generate(prompts)"
+            )
+        text = self.tokenizer.apply_chat_template(
+            messages,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 

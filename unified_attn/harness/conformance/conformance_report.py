@@ -63,9 +63,9 @@ def section_table(title: str, rows: list[dict[str, Any]]) -> Any:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
+    from unified_attn.harness.report_console import ReportConsole
 
-    console = Console()
+    console = ReportConsole()
     console.print(
         f"[bold]Conformance of {report['backend']}[/] ({report['class']}) on {report['device']}"
     )

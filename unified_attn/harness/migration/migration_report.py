@@ -10,9 +10,9 @@ if TYPE_CHECKING:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
+    from unified_attn.harness.report_console import ReportConsole
 
-    console = Console()
+    console = ReportConsole()
     console.print(steps_table(report))
     console.print(summary_table(report))
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 
+from unified_attn.backend import AttentionBackend
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.harness.migration.code_size import lines_of_code, source_lines
 from unified_attn.harness.migration.compare import DEFAULT_ATOL, compare_outputs, step_failure
@@ -32,10 +33,7 @@ def run_migration(
 ) -> dict[str, Any]:
     """Run both engines on the workload and return the JSON-able report (`report["ok"]`)."""
     workload = workload or Workload()
-    classes = {
-        "legacy": resolve_backend(legacy_name(legacy)),
-        "native": resolve_backend(native),
-    }
+    classes = {"legacy": resolve_legacy(legacy), "native": resolve_native(native)}
     kwargs = engine_kwargs(workload, device, dtype, seed)
     probe = LLMEngine(model, backend=classes["native"], **kwargs)
     kwargs["kv_cache_memory"] = kv_budget(probe, workload.spare_blocks)
@@ -86,6 +84,35 @@ def find_failures(
         if not cov[key]
     ]
     return failures
+
+
+def legacy_names() -> list[str]:
+    classes = backend_classes().items()
+    return sorted(n for n, cls in classes if issubclass(cls, LegacyBackendAdapter))
+
+
+def resolve_legacy(name: str) -> type[AttentionBackend]:
+    """`--legacy`: a four-class backend behind the adapter (`legacy-x`, `x` for short, or
+    `module:Class` of a legacy backend); a native backend or an unknown name is refused."""
+    hint = f"use one of {', '.join(legacy_names())} or module:Class of a four-class backend"
+    if ":" not in name and legacy_name(name) not in backend_classes():
+        raise ValueError(f"--legacy {name!r} is not a legacy backend; {hint}")
+    cls = resolve_backend(legacy_name(name))
+    if not issubclass(cls, LegacyBackendAdapter):
+        raise ValueError(f"--legacy {name!r} is a native backend ({cls.name}); {hint}")
+    return cls
+
+
+def resolve_native(name: str) -> type[AttentionBackend]:
+    """`--native`: a backend written to the contract; the adapter over a legacy backend is
+    refused (migrate would compare the legacy code with itself)."""
+    cls = resolve_backend(name)
+    if issubclass(cls, LegacyBackendAdapter):
+        raise ValueError(
+            f"--native {name!r} is the adapter over a legacy backend ({cls.name}), not a native "
+            "one; pass a native backend (see `unified-attn backends`)"
+        )
+    return cls
 
 
 def legacy_name(name: str) -> str:
