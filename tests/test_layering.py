@@ -86,7 +86,7 @@ def test_module_imports_only_the_parts_below_it(path):
     tree = ast.parse(path.read_text(), filename=str(path))
     for name in runtime_imports(tree):
         if name == "rich" or name.startswith("rich."):
-            assert part in MAY_IMPORT_RICH, f"{path.name}: only the harness, the CLI and LLM import rich"
+            assert part in MAY_IMPORT_RICH, f"{path.name}: only harness, cli and llm import rich"
         if not name.startswith("unified_attn."):
             continue
         target = name.split(".")[1]

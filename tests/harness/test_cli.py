@@ -192,7 +192,7 @@ def test_tables_wrap_long_names_instead_of_cutting_them(capsys):
     assert code == 0 and "…" not in out.out
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for machines without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU machines")
 def test_the_command_runs_triton_in_the_interpreter_without_being_told():
     """A new user on a CPU machine does not know TRITON_INTERPRET: the command sets it before
     any kernel is imported (kernels pick interpreter or compiler when imported)."""

@@ -10,6 +10,8 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -52,46 +54,31 @@ def add_cwd_to_path() -> None:
         sys.path.insert(0, os.getcwd())
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer, got {text!r}; give e.g. 1"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer, got {value}; give 1 or more"
-        )
-    return value
+def number_type(
+    convert: Callable[[str], Any], valid: Callable[[Any], bool], expected: str, example: str
+) -> Callable[[str], Any]:
+    """An argparse type: `convert(text)` (int, float), refused unless `valid`, with one message
+    naming what was expected, what was found and an example."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            shown = repr(text if len(text) <= 24 else text[:21] + "...")
+        else:
+            if valid(value):
+                return value
+            shown = str(value) if len(str(value)) <= 24 else repr(text[:21] + "...")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {shown}; give e.g. {example}")
+
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(
-            f"expected a finite number >= 0, got {text!r}; give e.g. 0.8"
-        )
-    return value
-
-
-def seed(text: str) -> int:
-    """argparse type: a seed, an int in [0, MAX_SEED]."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_SEED:
-        shown = text if len(text) <= 24 else text[:21] + "..."
-        raise argparse.ArgumentTypeError(
-            f"expected an int in [0, {MAX_SEED}], got {shown!r}; give e.g. 0"
-        )
-    return value
+positive_int = number_type(int, lambda v: v > 0, "a positive integer", "1")
+non_negative_float = number_type(
+    float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0", "0.8"
+)
+seed = number_type(int, lambda v: 0 <= v <= MAX_SEED, f"an int in [0, {MAX_SEED}]", "0")
 
 
 def text_value(text: str) -> str:
