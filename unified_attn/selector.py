@@ -53,6 +53,7 @@ class SelectorConfig:
     has_sinks: bool = False
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
+    logits_soft_cap: float | None = None  # tanh capping of the scores (Gemma 2)
     attn_type: AttentionType = AttentionType.DECODER
     device: str = "cpu"
     use_batch_invariant: bool = False  # the engine's mode (`EngineConfig.batch_invariant`)

@@ -110,6 +110,10 @@ CASES = [
     (["run", "--speculative-method", "draft", *FAST], "--speculative-method 'draft' needs "
      "--draft-model"),
     (["run", "--backend", "linear-state", *FAST], "Backends that can: ['reference', 'triton']"),
+    (["migrate", "--legacy", "reference", "--native", "reference", "--atol", "-1"],
+     "--atol: expected a finite number >= 0, got -1.0"),
+    (["migrate", "--legacy", "reference", "--native", "reference", "--atol", "nan"],
+     "--atol: expected a finite number >= 0, got nan"),
     (["migrate", "--legacy", "nosuch", "--native", "reference", "--small"],
      "--legacy 'nosuch' is not a legacy backend; use one of legacy-reference, legacy-triton"),
     (["migrate", "--legacy", "mla-reference", "--native", "reference", "--small"],

@@ -144,4 +144,5 @@ def test_the_check_command_shows_every_type(capsys, monkeypatch):
     assert all(cell.name in out for cell in NEW) and "FAIL" in out
     assert main(["check", "reference", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["cells"]
-    assert {r["type"] for r in rows} == {t.value for t in AttentionType} | {"batch_invariance"}
+    types = {t.value for t in AttentionType} | {"batch_invariance", "manager"}
+    assert {r["type"] for r in rows} == types

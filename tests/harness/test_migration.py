@@ -1,5 +1,6 @@
 """The migration harness passes correct ports and catches wrong native backends."""
 
+import attrs
 import pytest
 import torch
 
@@ -51,6 +52,33 @@ def test_wrong_native_backends_fail_with_the_diff(native):
     assert report["max_abs_logit_diff"] > 1e-3
     assert report["failures"][0].startswith("token index")
     assert "max |logit diff|" in report["failures"][0]
+
+
+@pytest.mark.parametrize(
+    "model, workload", [("tiny-llama", None), ("mistral-like", SMALL_WORKLOAD)]
+)
+def test_migrate_forces_the_preemptions_it_judges(model, workload):
+    """The cache is sized from the workload's own peak, so any model preempts."""
+    report = run_migration("legacy-reference", "reference", model=model, workload=workload,
+                           measure_host_time=False)  # fmt: skip
+    assert report["ok"], report["failures"]
+    assert all(cov["preemptions"] > 0 for cov in report["coverage"].values())
+    assert report["notes"] == []
+
+
+def test_a_workload_that_cannot_preempt_is_a_note_not_a_failure():
+    one = attrs.evolve(SMALL_WORKLOAD, num_requests=1)
+    report = run_migration("legacy-reference", "reference", model="tiny-llama", workload=one,
+                           measure_host_time=False)  # fmt: skip
+    assert report["ok"], report["failures"]
+    assert "one request cannot mix prefill and decode steps" in report["notes"]
+    assert any(note.startswith("the workload cannot preempt") for note in report["notes"])
+
+
+@pytest.mark.parametrize("atol", [-1.0, float("nan"), float("inf")])
+def test_a_tolerance_must_be_finite_and_not_negative(atol):
+    with pytest.raises(ValueError, match="atol must be a finite number >= 0"):
+        run_migration("legacy-reference", "reference", atol=atol)
 
 
 def output(tokens, logits):

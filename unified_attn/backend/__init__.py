@@ -79,6 +79,7 @@ from unified_attn.backend.attention_backend import (
     check_dtype_device,
     refuse_soft_cap,
     require_cache_config,
+    soft_cap_reasons,
 )
 from unified_attn.backend.cache_users import (
     GatheredRows,
@@ -109,4 +110,5 @@ __all__ = [
     "check_dtype_device",
     "refuse_soft_cap",
     "require_cache_config",
+    "soft_cap_reasons",
 ]

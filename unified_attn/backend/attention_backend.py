@@ -294,6 +294,13 @@ def check_dtype_device(
         )
 
 
+def soft_cap_reasons(cfg: SelectorConfig) -> list[str]:
+    """`validate_configuration`'s reason of a backend without a logits soft cap."""
+    if cfg.logits_soft_cap is None:
+        return []
+    return [f"logits soft cap {cfg.logits_soft_cap:g} is not supported"]
+
+
 def refuse_soft_cap(layer: LayerConfig, backends: str) -> None:
     """`check_layer` of backends without a logits soft cap (`backends` names them in the
     message): a `ValueError` for a layer that has one."""

@@ -80,6 +80,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
     refuse_soft_cap,
+    soft_cap_reasons,
 )
 from unified_attn.backends.deepseek_v4_compressed import (
     CompressedAttentionBackend,
@@ -168,7 +169,7 @@ class DeepseekV4WindowBackend(RowAttentionUser[WindowPlan], AttentionBackend[Win
             reasons.append(f"V4 layers are causal decoder layers, not {cfg.attn_type.value}")
         if cfg.attention_chunk_size is not None or cfg.sliding_window is None:
             reasons.append("V4 layers need a sliding window and no attention chunks")
-        return reasons
+        return reasons + soft_cap_reasons(cfg)
 
     def get_cache_config(self) -> CacheConfig:
         assert self.sliding_window is not None  # checked by the constructor

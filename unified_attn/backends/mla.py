@@ -64,6 +64,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
     refuse_soft_cap,
+    soft_cap_reasons,
 )
 from unified_attn.backends.kv_quant import (
     FP8KVBackend,
@@ -130,7 +131,7 @@ class MLAReferenceBackend(FP8KVBackend[MLAPlan], AttentionBackend[MLAPlan]):
             reasons.append("chunked local attention is not supported")
         if cfg.has_sinks:
             reasons.append("learned sinks are not supported")
-        return reasons
+        return reasons + soft_cap_reasons(cfg)
 
     def get_cache_config(self) -> CacheConfig:
         spec = LatentKVSpec(self.head_size, self.kv_cache_dtype)

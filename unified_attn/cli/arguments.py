@@ -48,6 +48,12 @@ def use_interpreter_without_gpu() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def triton_interpreter_on(device: str) -> bool:
+    """Whether Triton kernels on `device` run in Triton's interpreter (what reports say)."""
+    on_cpu = resolve_device(device).type == "cpu"
+    return on_cpu and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def add_cwd_to_path() -> None:
     """`module:Class` backends resolve from the working directory, as `python -m` would."""
     if os.getcwd() not in sys.path:

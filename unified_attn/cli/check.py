@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.cli.arguments import positive_int, prepare_cli, seed
+from unified_attn.cli.arguments import positive_int, prepare_cli, seed, triton_interpreter_on
 from unified_attn.harness.conformance.conformance_report import print_report
 from unified_attn.harness.conformance.conformance_run import run_conformance
 from unified_attn.selector import resolve_backend
@@ -31,14 +31,18 @@ def add_parser(commands: Any) -> None:
     check.add_argument("--seed", type=seed, default=0, help="seed of the inputs")
     check.add_argument("--threads", type=positive_int, default=1, help="CPU threads")
     check.add_argument("--json", action="store_true", help="print the report as JSON only")
+    check.add_argument(
+        "--verbose", action="store_true", help="print the traceback of every cell that crashed"
+    )
     check.set_defaults(handler=main)
 
 
 def main(args: argparse.Namespace) -> int:
     prepare_cli(args.device, args.threads)  # refuses a device this machine lacks, first
     report = run_conformance(resolve_backend(args.backend), args.device, seed=args.seed)
+    report["triton_interpreter"] = triton_interpreter_on(args.device)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print_report(report)
+        print_report(report, verbose=args.verbose)
     return 0 if report["ok"] else 1

@@ -7,7 +7,13 @@ import argparse
 import json
 from typing import Any
 
-from unified_attn.cli.arguments import DTYPES, positive_int, prepare_cli, seed
+from unified_attn.cli.arguments import (
+    DTYPES,
+    non_negative_float,
+    positive_int,
+    prepare_cli,
+    seed,
+)
 from unified_attn.harness.migration.migration_report import print_report
 from unified_attn.harness.migration.migration_run import run_migration
 from unified_attn.harness.migration.migration_workload import SMALL_WORKLOAD
@@ -29,7 +35,10 @@ def add_parser(commands: Any) -> None:
     migrate.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     migrate.add_argument("--dtype", default="float32", choices=DTYPES, help="model dtype")
     migrate.add_argument(
-        "--atol", type=float, default=None, help="logit tolerance (default: 1e-4 for float32)"
+        "--atol",
+        type=non_negative_float,
+        default=None,
+        help="logit tolerance (default: 1e-4 for float32)",
     )
     migrate.add_argument("--seed", type=seed, default=0, help="seed of weights and workload")
     migrate.add_argument("--small", action="store_true", help="a 3-request workload")

@@ -18,6 +18,24 @@ LAYER = "layers.0.self_attn"
 NO_CACHE_TYPES = (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
 
 
+def selector_config(
+    layer: LayerConfig, dtype: torch.dtype, block_size: int, device: str, **fields: Any
+) -> SelectorConfig:
+    """What a backend must support to serve a cell's `layer` (`fields`: the KV-cache dtype,
+    learned sinks), in the engine's default (not batch-invariant) mode."""
+    return SelectorConfig(
+        head_size=layer.head_size,
+        dtype=dtype,
+        block_size=block_size,
+        sliding_window=layer.sliding_window,
+        attention_chunk_size=layer.chunk_size,
+        logits_soft_cap=layer.logits_soft_cap,
+        attn_type=layer.attn_type,
+        device=device,
+        **fields,
+    )
+
+
 @attrs.frozen
 class Cell:
     """One step of `new` tokens after `computed` ones per request. Encoder and encoder-only
@@ -88,18 +106,8 @@ class Cell:
         return kwargs
 
     def selector_config(self, device: str) -> SelectorConfig:
-        return SelectorConfig(
-            head_size=self.head_size,
-            dtype=self.dtype,
-            kv_cache_dtype=self.kv_cache_dtype,
-            block_size=self.block_size,
-            has_sinks=self.sinks,
-            sliding_window=self.sliding_window,
-            attention_chunk_size=self.chunk_size,
-            attn_type=self.attn_type,
-            device=device,
-            use_batch_invariant=False,
-        )
+        options = {"kv_cache_dtype": self.kv_cache_dtype, "has_sinks": self.sinks}
+        return selector_config(self.layer(), self.dtype, self.block_size, device, **options)
 
 
 @attrs.frozen
@@ -151,14 +159,7 @@ class CrossCell:
         }
 
     def selector_config(self, device: str) -> SelectorConfig:
-        return SelectorConfig(
-            head_size=self.head_size,
-            dtype=self.dtype,
-            block_size=self.block_size,
-            attn_type=self.attn_type,
-            device=device,
-            use_batch_invariant=False,
-        )
+        return selector_config(self.layer(), self.dtype, self.block_size, device)
 
 
 AttentionCell = Cell | CrossCell

@@ -5,7 +5,9 @@ CUDA no host sync and no allocation in `forward` (`NOT_MEASURABLE` on CPU)."""
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,10 +37,25 @@ def cell_result(
         if row["max_err"] > row["tol"]:
             failed.append(f"max error {row['max_err']:.3g} > {row['tol']:g} {location}".rstrip())
     except Exception as error:  # a crash fails the cell, not the run
-        failed.append(f"raised {type(error).__name__}: {error}")
+        failed.append(crash(error))
+        row["trace"] = "".join(traceback.format_exception(error))
     failed += [f"{k}: {v}" for k, v in checks.items() if v.startswith("fail")]
     return row | {"status": "fail" if failed else "pass", "detail": "; ".join(failed),
                   "checks": checks}  # fmt: skip
+
+
+HARNESS = str(Path(__file__).resolve().parents[1])  # unified_attn/harness
+
+
+def crash(error: BaseException) -> str:
+    """A crash in one line, with where it happened: the deepest frame outside the harness and
+    the libraries (the backend's or manager's own code, when it is there)."""
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__)
+        if not f.filename.startswith(HARNESS) and "site-packages" not in f.filename
+    ]  # fmt: skip
+    where = f" (in {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})"
+    return f"raised {type(error).__name__}: {error}{where if frames else ''}"
 
 
 def check_cache_config(backend_cls: type[AttentionBackend], cell: AttentionCell) -> str:

@@ -19,6 +19,8 @@ SECTIONS = {
     "linear_state": "recurrent state",
     "mla": "multi-head latent attention (latent cache, up-projection as a keyword)",
     "batch_invariance": "batch invariance (bitwise: alone, chunked, in batches)",
+    "manager": "KV-cache managers in an engine under memory pressure (freed blocks poisoned; "
+    "tokens vs ample memory)",
 }
 COLOUR = {"pass": "green", "fail": "red", "unsupported": "yellow"}
 
@@ -62,7 +64,7 @@ def section_table(title: str, rows: list[dict[str, Any]]) -> Any:
     return table
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: dict[str, Any], verbose: bool = False) -> None:
     from unified_attn.harness.report_console import ReportConsole
 
     console = ReportConsole()
@@ -77,6 +79,14 @@ def print_report(report: dict[str, Any]) -> None:
         "checks: " + " / ".join(CHECKS) + " (fp8 cells add " + " / ".join(FP8_CHECKS) + "; "
         "✓ pass, ✗ fail, - not measurable on CPU, ~ see detail)"
     )
+    if report.get("triton_interpreter"):
+        console.print(
+            "note: no GPU, so Triton kernels (if the backend has any) ran in Triton's interpreter"
+        )
+    for row in report["cells"] if verbose else ():
+        if "trace" in row:
+            console.print(f"{row['cell']}:", style="bold", markup=False)
+            console.print(row["trace"], markup=False, highlight=False)
     verdict = "[green]PASS" if report["ok"] else "[red]FAIL"
     console.print(
         f"{verdict}[/]: {report['passed']} passed, {report['failed']} failed, "

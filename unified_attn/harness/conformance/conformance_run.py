@@ -26,6 +26,7 @@ from unified_attn.harness.conformance.invariance import (
     InvarianceCell,
     run_invariance_cell,
 )
+from unified_attn.harness.conformance.manager_cells import manager_cells
 from unified_attn.harness.conformance.mla_cells import (
     CUDA_MLA_CELLS,
     MLA_GRID,
@@ -120,11 +121,15 @@ def run_conformance(
     cells: tuple[AnyCell, ...] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Every cell of the backend's layer kinds (`default_cells`) or of `cells`; `report["ok"]`."""
+    """Every cell of the backend's layer kinds (`default_cells`) and, for attention backends,
+    the managers its `get_cache_config` returns (`manager_cells`); or only `cells`.
+    `report["ok"]`."""
     backend_cls = backend_class(backend)
+    managers = cells is None and "attention" in backend_cls.layer_kinds
     if cells is None:
         cells = default_cells(backend_cls, device)
     rows = [run_any_cell(backend_cls, cell, device, seed) for cell in cells]
+    rows += manager_cells(backend_cls, device) if managers else []
     return {
         "backend": backend_cls.name,
         "class": f"{backend_cls.__module__}.{backend_cls.__qualname__}",

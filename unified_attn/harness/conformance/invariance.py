@@ -21,6 +21,7 @@ import torch
 
 from unified_attn.backend import AttentionBackend
 from unified_attn.harness.conformance.cells import Cell
+from unified_attn.harness.conformance.checks import crash
 from unified_attn.harness.conformance.driver import bind, run_step
 from unified_attn.harness.conformance.steps import GROUP_ID, Step, batch_metadata, random_table
 from unified_attn.selector import backend_reasons
@@ -189,5 +190,5 @@ def run_invariance_cell(
                 failed.append(f"{name}: positions {positions} differ by up to {diff.max():.3g}")
         row["max_err"] = worst
     except Exception as error:  # a crash fails the cell, not the run
-        failed.append(f"raised {type(error).__name__}: {error}")
+        failed.append(crash(error))
     return row | {"status": "fail" if failed else "pass", "detail": "; ".join(failed), "checks": {}}

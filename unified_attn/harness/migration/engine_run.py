@@ -26,6 +26,7 @@ class EngineRun:
     outputs: list[RequestOutput]
     step_ms: list[float]
     mixed_steps: int
+    peak_blocks: int  # the most KV blocks the requests held at once
 
 
 def run_workload(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> EngineRun:
@@ -38,14 +39,16 @@ def run_workload(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -
     ids = [engine.add_request(None, p, params) for p in prompts]
     done: dict[str, RequestOutput] = {}
     step_ms, mixed, stats = [], 0, engine.stats
+    pool, peak = engine.kv_cache_manager.block_pool, 0
     while engine.has_unfinished_requests():
         before = (stats.prefill_tokens, stats.decode_tokens)
         start = time.perf_counter()
         finished = engine.step()
         step_ms.append(1e3 * (time.perf_counter() - start))
         mixed += stats.prefill_tokens > before[0] and stats.decode_tokens > before[1]
+        peak = max(peak, pool.num_blocks - 1 - pool.get_num_free_blocks())
         done.update((out.request_id, out) for out in finished)
-    return EngineRun(engine, [done[i] for i in ids], step_ms, mixed)
+    return EngineRun(engine, [done[i] for i in ids], step_ms, mixed, peak)
 
 
 def coverage(run: EngineRun, workload: Workload, prompts: list[list[int]]) -> dict[str, int]:

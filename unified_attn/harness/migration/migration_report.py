@@ -47,7 +47,7 @@ def summary_table(report: dict[str, Any]) -> Table:
     loc = report["lines_of_code"]
     rows = [
         ("atol", f"{report['atol']:g}"),
-        ("coverage", ", ".join(f"{k} {v}" for k, v in cov.items())),
+        ("exercised", ", ".join(f"{k} {v}" for k, v in cov.items())),
         (
             "lines of code",
             f"legacy {loc['legacy']['total']} (4 classes), native "
@@ -67,6 +67,7 @@ def summary_table(report: dict[str, Any]) -> Table:
                 f"{host['native']['prep_forward']:.0f} (x{host['prep_forward_ratio']:.2f})",
             )
         )
+    rows += [("note", note) for note in report.get("notes", [])]
     rows.append(
         ("result", "[green]PASS" if report["ok"] else "[red]FAIL: " + "; ".join(report["failures"]))
     )

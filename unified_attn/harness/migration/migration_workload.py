@@ -1,5 +1,6 @@
-"""The migration workload: `Workload` (its prompts), `SMALL_WORKLOAD`, and the engine settings
-and KV-cache budget that make it chunk prefills and force preemption."""
+"""The migration workload: `Workload` (its prompts), `SMALL_WORKLOAD`, the engine settings that
+make it chunk prefills, and the KV-cache budget that forces preemption (`pressured_budget`, from
+a run with ample memory)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ class Workload:
     tail_len: tuple[int, int] = (4, 24)
     max_tokens: int = 8
     max_num_batched_tokens: int = 32  # < prompt length: every prefill is chunked
-    max_model_len: int = 256
-    spare_blocks: int = 4  # KV budget: one max_model_len request plus this many blocks
+    max_model_len: int = 256  # at most; the engines take the longest request's length
     seed: int = 0
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
@@ -44,22 +44,41 @@ SMALL_WORKLOAD = Workload(
     max_tokens=4,
     max_num_batched_tokens=16,
     max_model_len=64,
-    spare_blocks=0,
 )
 
 
-def engine_kwargs(workload: Workload, device: str, dtype: str, seed: int) -> dict[str, Any]:
+def engine_kwargs(
+    workload: Workload, prompts: list[list[int]], device: str, dtype: str, seed: int
+) -> dict[str, Any]:
+    """The engines' settings: `max_model_len` just fits the longest request (so one request's
+    blocks are few and the budget can be tight), a cache ample for the whole workload."""
+    longest = max(len(p) for p in prompts) + workload.max_tokens
     return {
         "device": device,
         "dtype": dtype,
         "seed": seed,
-        "max_model_len": workload.max_model_len,
+        "max_model_len": min(workload.max_model_len, longest),
         "max_num_batched_tokens": workload.max_num_batched_tokens,
+        "kv_cache_memory": AMPLE,
         "cuda_graphs": False,  # compare the backends, not the graph runtime
     }
 
 
-def kv_budget(engine: LLMEngine, spare_blocks: int) -> int:
-    """Bytes for one `max_model_len` request plus `spare_blocks`: concurrency forces preemption."""
+AMPLE = "256MiB"  # the probe's cache: room for every request of a workload at once
+
+
+def pressured_budget(engine: LLMEngine, peak_blocks: int) -> tuple[int, str | None]:
+    """Bytes for four fifths of the blocks the workload held at its peak with ample memory (at
+    least one longest request and one more block), so running requests outgrow the cache and
+    the scheduler preempts; and, when that peak is no more than one request's worth, what to
+    say if no preemption happens (the workload cannot be pressured)."""
     worker = engine.worker
-    return worker.plan.bytes_per_block * (sum(worker.blocks_per_request) + 1 + spare_blocks)
+    one_request = sum(worker.blocks_per_request) + 1
+    blocks = max(one_request, peak_blocks * 4 // 5)
+    note = None
+    if peak_blocks <= one_request:
+        note = (
+            f"the workload cannot preempt: at its peak it holds {peak_blocks} blocks, one "
+            "request's worth; give it more requests to exercise preemption"
+        )
+    return worker.plan.bytes_per_block * blocks, note

@@ -59,6 +59,10 @@ class ModelFamily:
     def attention_kinds(self, config: Any) -> list[AttentionKind]:
         raise NotImplementedError
 
+    def attention_soft_cap(self, config: Any) -> float | None:
+        """The model's attention logits soft cap (None: its scores are not capped)."""
+        return None
+
     def selector_configs(
         self, config: Any, dtype: torch.dtype, **fields: Any
     ) -> list[SelectorConfig]:
@@ -72,6 +76,7 @@ class ModelFamily:
                 sliding_window=window,
                 attention_chunk_size=chunk,
                 has_sinks=sinks,
+                logits_soft_cap=self.attention_soft_cap(config),
                 attn_type=attn_type,
                 layer_kind=self.layer_kind,
                 cache_users=self.cache_users,

@@ -70,6 +70,9 @@ class DecoderFamily(ModelFamily):
             )
         )
 
+    def attention_soft_cap(self, config: ModelConfig) -> float | None:
+        return config.attn_logit_softcap
+
     def check_tensor_parallel(self, config: ModelConfig, world_size: int, model: str) -> None:
         check_tensor_parallel(config, world_size)
 
