@@ -52,6 +52,7 @@ class SelectorConfig:
     block_size: int | None = None
     has_sinks: bool = False
     sliding_window: int | None = None
+    num_sink_tokens: int = 0  # StreamingLLM: the first tokens every query also sees
     attention_chunk_size: int | None = None
     logits_soft_cap: float | None = None  # tanh capping of the scores (Gemma 2)
     attn_type: AttentionType = AttentionType.DECODER

@@ -28,7 +28,12 @@ SMALL = tuple(CELLS[n] for n in ("mixed", "sliding window 8", "chunked local 16"
 def test_shipped_backends_pass(backend, cells, device):
     report = run_conformance(backend, device, cells=cells)
     assert report["ok"], [(r["cell"], r["detail"]) for r in report["cells"]]
-    assert report["passed"] == len(cells)
+    # legacy KV-cache specs have no StreamingLLM policy: the adapters decline that cell
+    declined = {"sink tokens 4 + window 8"} & set(CELLS) if "legacy" in backend.lower() else set()
+    assert {r["cell"] for r in report["cells"] if r["status"] == "unsupported"} == (
+        declined & {c.name for c in cells}
+    )
+    assert report["passed"] == len(cells) - len(declined & {c.name for c in cells})
     checks = report["cells"][0]["checks"]
     assert checks["in-place output"] == checks["rejects bad inputs"] == "pass"
     assert checks["cache config pure"] == "pass"

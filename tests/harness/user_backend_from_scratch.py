@@ -36,6 +36,8 @@ class ScratchBackend(AttentionBackend[ScratchPlan]):
             reasons.append("chunked local attention is not supported")
         if cfg.has_sinks:
             reasons.append("learned sinks are not supported")
+        if cfg.num_sink_tokens:
+            reasons.append("StreamingLLM sink tokens are not supported")
         if cfg.logits_soft_cap is not None:
             reasons.append("a logits soft cap is not supported")
         if cfg.kv_cache_dtype not in ("auto", cfg.dtype):

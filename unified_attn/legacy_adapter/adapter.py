@@ -280,7 +280,7 @@ def capability_reasons(legacy: type[LegacyAttentionBackend], cfg: SelectorConfig
         reasons.append(f"block size {cfg.block_size} is not one of {block_sizes}")
     if cfg.has_sinks and not legacy.supports_sink():
         reasons.append("attention sinks are not supported")
-    if getattr(cfg, "num_sink_tokens", 0):
+    if cfg.num_sink_tokens:
         reasons.append("streaming sink tokens have no legacy KV-cache spec")
     if not legacy.supports_attn_type(cfg.attn_type):
         reasons.append(f"attention type {cfg.attn_type.value} is not supported")

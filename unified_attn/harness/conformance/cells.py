@@ -52,6 +52,7 @@ class Cell:
     chunk_size: int | None = None
     soft_cap: float | None = None
     sinks: bool = False
+    sink_tokens: int = 0  # StreamingLLM: the first tokens every query sees (with a window)
     dtype: torch.dtype = torch.float32
     attn_type: AttentionType = AttentionType.DECODER
     # "fp8": the backend stores K/V as float8 e4m3 (compared by `fp8.compare_fp8`)
@@ -70,8 +71,11 @@ class Cell:
             raise ValueError(f"cell {self.name!r}: kv_scales and new_kv_gain need an fp8 cache")
         if self.kv_cache_dtype != "auto" and self.attn_type != AttentionType.DECODER:
             raise ValueError(f"cell {self.name!r}: fp8 cells are decoder cells")
+        if self.sink_tokens and self.sliding_window is None:
+            raise ValueError(f"cell {self.name!r}: sink_tokens need a sliding window")
         options = {"sliding_window": self.sliding_window, "chunk_size": self.chunk_size,
-                   "soft_cap": self.soft_cap, "sinks": self.sinks or None}  # fmt: skip
+                   "soft_cap": self.soft_cap, "sinks": self.sinks or None,
+                   "sink_tokens": self.sink_tokens or None}  # fmt: skip
         used = [k for k, v in options.items() if v is not None]
         if self.attn_type in NO_CACHE_TYPES and (any(self.computed) or used):
             raise ValueError(
@@ -103,10 +107,13 @@ class Cell:
         }
         if self.kv_cache_dtype != "auto":
             kwargs["kv_cache_dtype"] = self.kv_cache_dtype
+        if self.sink_tokens:
+            kwargs["num_sink_tokens"] = self.sink_tokens
         return kwargs
 
     def selector_config(self, device: str) -> SelectorConfig:
-        options = {"kv_cache_dtype": self.kv_cache_dtype, "has_sinks": self.sinks}
+        options = {"kv_cache_dtype": self.kv_cache_dtype, "has_sinks": self.sinks,
+                   "num_sink_tokens": self.sink_tokens}  # fmt: skip
         return selector_config(self.layer(), self.dtype, self.block_size, device, **options)
 
 
@@ -189,6 +196,7 @@ GRID = (
     mixed("sliding window 8", sliding_window=8),
     mixed("chunked local 16", chunk_size=16),
     mixed("learned sinks", sinks=True),
+    mixed("sink tokens 4 + window 8", sliding_window=8, sink_tokens=4),
     mixed("soft cap 2", soft_cap=2.0),
     mixed("GQA 1:1 (MHA)", num_heads=4, num_kv_heads=4),
     mixed("GQA 8:1, head 32", num_heads=8, num_kv_heads=1, head_size=32),

@@ -84,7 +84,8 @@ def manager_cells(backend_cls: type[AttentionBackend], device: str) -> list[dict
                                "checks": {}}  # fmt: skip
         cfg = SelectorConfig(head_size=32, dtype=torch.float32, device=device,
                              attention_chunk_size=options.get("attention_chunk_size"),
-                             sliding_window=options.get("sliding_window"))  # fmt: skip
+                             sliding_window=options.get("sliding_window"),
+                             num_sink_tokens=options.get("num_sink_tokens", 0))  # fmt: skip
         reasons = backend_reasons(backend_cls, cfg)
         if reasons:
             rows.append(row | {"status": "unsupported", "detail": "; ".join(reasons)})

@@ -40,15 +40,17 @@ def random_table(counts: list[int], gen: torch.Generator) -> tuple[torch.Tensor,
 
 
 def null_unneeded_blocks(cell: Cell, table: torch.Tensor) -> torch.Tensor:
-    """Blocks before the first key any new query may see -> the null block (as managers do)."""
+    """Blocks before the first key any new query may see -> the null block (as managers do);
+    the blocks of StreamingLLM's sink tokens stay."""
     table = table.clone()
+    kept = -(-cell.sink_tokens // cell.block_size)
     for i, computed in enumerate(cell.computed):
         first_needed = 0
         if cell.sliding_window is not None:
             first_needed = max(0, computed - cell.sliding_window + 1)
         if cell.chunk_size is not None:
             first_needed = computed // cell.chunk_size * cell.chunk_size
-        table[i, : first_needed // cell.block_size] = 0
+        table[i, kept : max(kept, first_needed // cell.block_size)] = 0
     return table
 
 

@@ -20,7 +20,9 @@ from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 ModelKind = Literal["decoder", "encoder_decoder", "encoder_only"]
 # (head size, window, chunk, learned sinks, attention type): what backend selection needs of
 # one kind of a model's attention layers
-AttentionKind = tuple[int, int | None, int | None, bool, AttentionType]
+# (head size, sliding window, attention chunk, learned sinks, attention type, StreamingLLM sink
+# tokens): one distinct attention kind of a model
+AttentionKind = tuple[int, int | None, int | None, bool, AttentionType, int]
 # `(LayerConfig, backend)` pairs, as `model.attention_layers()` yields them
 Layers = list[tuple[Any, AttentionBackend]]
 
@@ -76,13 +78,16 @@ class ModelFamily:
                 sliding_window=window,
                 attention_chunk_size=chunk,
                 has_sinks=sinks,
+                num_sink_tokens=sink_tokens,
                 logits_soft_cap=self.attention_soft_cap(config),
                 attn_type=attn_type,
                 layer_kind=self.layer_kind,
                 cache_users=self.cache_users,
                 **fields,
             )
-            for head_size, window, chunk, sinks, attn_type in self.attention_kinds(config)
+            for head_size, window, chunk, sinks, attn_type, sink_tokens in self.attention_kinds(
+                config
+            )
         ]
 
     # ---- building and loading --------------------------------------------------------------

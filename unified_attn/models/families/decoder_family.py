@@ -46,6 +46,9 @@ def ideal_tokens(kind: LayerKind, max_model_len: int, in_flight: int) -> int:
     return max_model_len
 
 
+DECODER = AttentionType.DECODER
+
+
 class DecoderFamily(ModelFamily):
     name = "decoder"
     config_type = ModelConfig
@@ -65,7 +68,7 @@ class DecoderFamily(ModelFamily):
         attention = [k for k in config.layer_kinds if k.kind != "linear_state"]
         return list(
             dict.fromkeys(
-                (config.head_size, k.window, k.chunk, k.has_sinks, AttentionType.DECODER)
+                (config.head_size, k.window, k.chunk, k.has_sinks, DECODER, k.sink_tokens)
                 for k in attention or [LayerKind.full()]
             )
         )

@@ -44,7 +44,7 @@ class BertFamily(EncoderFamily):
     hf_config_reader = staticmethod(bert_config_from_hf)
 
     def attention_kinds(self, config: BertConfig) -> list[AttentionKind]:
-        return [(config.head_size, None, None, False, AttentionType.ENCODER_ONLY)]
+        return [(config.head_size, None, None, False, AttentionType.ENCODER_ONLY, 0)]
 
 
 class BartFamily(EncoderFamily):
@@ -57,9 +57,9 @@ class BartFamily(EncoderFamily):
 
     def attention_kinds(self, config: BartConfig) -> list[AttentionKind]:
         return [
-            (config.encoder_head_size, None, None, False, AttentionType.ENCODER),
-            (config.head_size, None, None, False, AttentionType.DECODER),
-            (config.head_size, None, None, False, AttentionType.ENCODER_DECODER),
+            (config.encoder_head_size, None, None, False, AttentionType.ENCODER, 0),
+            (config.head_size, None, None, False, AttentionType.DECODER, 0),
+            (config.head_size, None, None, False, AttentionType.ENCODER_DECODER, 0),
         ]
 
     def source_fields(self, config: BartConfig) -> dict[str, Any]:

@@ -63,7 +63,7 @@ class DeepseekMLAFamily(DeepseekFamilyBase):
         return mla_version(dict(hf)) is not None
 
     def attention_kinds(self, config: DeepseekConfig) -> list[AttentionKind]:
-        return [(config.latent_size, None, None, False, AttentionType.DECODER)]
+        return [(config.latent_size, None, None, False, AttentionType.DECODER, 0)]
 
     def describe(self, config: DeepseekConfig) -> dict[str, Any]:
         """Its MLP pattern and latent width."""

@@ -44,7 +44,7 @@ class DeepseekV4Family(DeepseekFamilyBase):
 
     def attention_kinds(self, config: DeepseekV4Config) -> list[AttentionKind]:
         """A sliding latent (and compressed caches), learned sinks."""
-        return [(config.head_dim, config.sliding_window, None, True, AttentionType.DECODER)]
+        return [(config.head_dim, config.sliding_window, None, True, AttentionType.DECODER, 0)]
 
     def describe(self, config: DeepseekV4Config) -> dict[str, Any]:
         """Its attention pattern and caches."""
