@@ -193,11 +193,18 @@ def test_tables_wrap_long_names_instead_of_cutting_them(capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for CPU machines")
-def test_the_command_runs_triton_in_the_interpreter_without_being_told():
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "triton", "--json"],
+        ["migrate", "--legacy", "legacy-triton", "--native", "triton", "--small", "--json"],
+    ],
+)
+def test_the_commands_run_triton_in_the_interpreter_without_being_told(argv):
     """A new user on a CPU machine does not know TRITON_INTERPRET: the command sets it before
     any kernel is imported (kernels pick interpreter or compiler when imported)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    argv = [sys.executable, "-m", "unified_attn.cli", "check", "triton", "--json"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "unified_attn.cli", *argv]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["ok"]

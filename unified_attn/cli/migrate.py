@@ -13,6 +13,7 @@ from unified_attn.cli.arguments import (
     positive_int,
     prepare_cli,
     seed,
+    triton_interpreter_on,
 )
 from unified_attn.harness.migration.migration_report import print_report
 from unified_attn.harness.migration.migration_run import run_migration
@@ -59,6 +60,10 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         workload=SMALL_WORKLOAD if args.small else None,
     )
+    if triton_interpreter_on(args.device):
+        report["notes"].append(
+            "no GPU, so Triton kernels (if the backends have any) ran in Triton's interpreter"
+        )
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
