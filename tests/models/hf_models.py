@@ -125,6 +125,23 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, float]]] = {
         ),
         {"mlp.gate.weight": 10.0, "mlp.shared_expert_gate.weight": 10.0},
     ),
+    # q/k norms; layer 0 sparse (4 experts, top 2, renormalised, no shared expert), layer 1
+    # dense; a window of 8 on both layers (use_sliding_window)
+    "qwen3-moe": (
+        "qwen3_moe",
+        dict(
+            num_hidden_layers=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+            use_sliding_window=True,
+            sliding_window=8,
+        ),
+        {"mlp.gate.weight": 10.0},
+    ),
 }
 
 

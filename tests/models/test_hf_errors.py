@@ -31,6 +31,7 @@ SUPPORTED = [
     "Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 ]
 
 

@@ -24,7 +24,7 @@ from unified_attn.models import LayerKind, MoEConfig, RopeScaling, load_hf_model
 from unified_attn.models.hf_config import config_from_hf
 
 # Every family of hf_models.FAMILIES: Gemma 2, GPT-OSS, Qwen 3, Phi-3 (with and without a window),
-# Gemma 3, Mixtral, Qwen2-MoE.
+# Gemma 3, Mixtral, Qwen2-MoE, Qwen3-MoE.
 CASES = sorted(FAMILIES)
 # Families whose prompt logits are also checked through the Triton kernel: all of them on a GPU;
 # on CPU (the kernel's slow interpreter) the ones with kernel features of their own, soft caps
@@ -152,6 +152,22 @@ def test_qwen2_moe_config_translates(checkpoints):
         shared_expert_intermediate_size=48,
     )
     assert cfg.dense_mlp_layers == (1,) and cfg.attention_bias and not cfg.attention_output_bias
+
+
+def test_qwen3_moe_config_translates(checkpoints):
+    cfg = checkpoints("qwen3-moe")[2].config
+    assert cfg.moe == MoEConfig(
+        num_experts=4,
+        top_k=2,
+        expert_kind="swiglu",
+        router_softmax="all",
+        norm_topk_prob=True,
+        routing_weights_dtype="model",
+        intermediate_size=32,
+        shared_expert_intermediate_size=None,
+    )
+    assert cfg.qk_norm and cfg.dense_mlp_layers == (1,) and not cfg.attention_bias
+    assert cfg.layer_kinds == (LayerKind.sliding(8),) * 2
 
 
 def test_mixtral_expert_weights_load_under_their_checkpoint_names(checkpoints):
@@ -316,6 +332,12 @@ FEATURE_EDITS = {
     ],
     "mixtral": [dict(num_experts_per_tok=1), dict(num_experts_per_tok=3)],
     "qwen2-moe": [dict(norm_topk_prob=True), dict(num_experts_per_tok=3)],
+    "qwen3-moe": [
+        dict(norm_topk_prob=False),
+        dict(num_experts_per_tok=3),
+        dict(sliding_window=9),
+        dict(use_sliding_window=False),
+    ],
 }
 
 

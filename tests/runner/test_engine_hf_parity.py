@@ -20,6 +20,7 @@ CASES = {
     "gemma3": ("family", {}),  # local window 8 + global layer, each with its RoPE, q/k norms
     "mixtral": ("family", {}),  # sparse MoE, top-2 of 4
     "qwen2-moe": ("family", {}),  # sparse MoE with a shared expert, then a dense layer
+    "qwen3-moe": ("family", {}),  # q/k norms, windows, sparse MoE without a shared expert
 }
 NUM_TOKENS = 32
 # Ample for these tests (a block of the tiny models is a few KiB), and quick to set up: the

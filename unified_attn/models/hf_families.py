@@ -198,25 +198,48 @@ def _qwen2_moe(hf: HFConfig) -> dict[str, Any]:
     """Qwen2 attention; sparse MoE with a sigmoid-gated shared expert, except on the layers
     `mlp_only_layers` names and those `decoder_sparse_step` skips (dense SwiGLU there)."""
     _check_activation(hf, "hidden_act", "silu")
-    num_layers, num_experts = hf["num_hidden_layers"], hf.get("num_experts", 60)
     fields: dict[str, Any] = dict(
         attention_bias=bool(hf.get("qkv_bias", True)), layer_kinds=_qwen2_moe_layer_kinds(hf)
     )
-    if not num_experts:  # transformers: every layer dense
-        return fields
+    shared = hf.get("shared_expert_intermediate_size", 5632)
+    return fields | _qwen_moe(hf, dict(num_experts=60, num_experts_per_tok=4,
+                                       moe_intermediate_size=1408), shared)  # fmt: skip
+
+
+def _qwen3_moe(hf: HFConfig) -> dict[str, Any]:
+    """Qwen3 attention (q/k norms; with `use_sliding_window`, a window on every layer) and
+    Qwen2-MoE's experts without the shared expert (Qwen3-30B-A3B, Qwen3-235B-A22B)."""
+    _check_activation(hf, "hidden_act", "silu")
+    fields: dict[str, Any] = dict(
+        **_projection_bias(hf), qk_norm=True, layer_kinds=_qwen_window_kinds(hf, lambda i: True)
+    )
+    return fields | _qwen_moe(hf, dict(num_experts=128, num_experts_per_tok=8,
+                                       moe_intermediate_size=768), None)  # fmt: skip
+
+
+def _qwen_moe(hf: HFConfig, defaults: dict[str, int], shared: int | None) -> dict[str, Any]:
+    """The Qwen MoE MLPs (transformers' defaults where the config is silent): softmax over all
+    experts, the top k (renormalised with `norm_topk_prob`) in the model dtype, dense on the
+    layers `mlp_only_layers` names and those `decoder_sparse_step` skips; `shared`: the width
+    of the sigmoid-gated shared expert (None: none)."""
+    config = defaults | {k: hf[k] for k in defaults if hf.get(k) is not None}
+    if hf.get("num_experts") is None and hf.get("num_local_experts") is not None:
+        config["num_experts"] = hf["num_local_experts"]  # transformers 5's name for it
+    if not config["num_experts"]:  # transformers: every layer dense
+        return {}
     step, only = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or [])
     moe = MoEConfig(
-        num_experts=num_experts,
-        top_k=hf.get("num_experts_per_tok", 4),
+        num_experts=config["num_experts"],
+        top_k=config["num_experts_per_tok"],
         expert_kind="swiglu",
         router_softmax="all",
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
         routing_weights_dtype="model",
-        intermediate_size=hf.get("moe_intermediate_size", 1408),
-        shared_expert_intermediate_size=hf.get("shared_expert_intermediate_size", 5632),
+        intermediate_size=config["moe_intermediate_size"],
+        shared_expert_intermediate_size=shared,
     )
-    dense = [i for i in range(num_layers) if i in only or (i + 1) % step]
-    return dict(**fields, mlp_kind="moe", moe=moe, dense_mlp_layers=dense)
+    dense = [i for i in range(hf["num_hidden_layers"]) if i in only or (i + 1) % step]
+    return dict(mlp_kind="moe", moe=moe, dense_mlp_layers=dense)
 
 
 def _qwen2_moe_layer_kinds(hf: HFConfig) -> list[LayerKind]:
@@ -272,6 +295,7 @@ ARCHITECTURES: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "GptOssForCausalLM": _gpt_oss,
     "MixtralForCausalLM": _mixtral,
     "Qwen2MoeForCausalLM": _qwen2_moe,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
 }
 
 # Architectures whose RoPE is not the shared `rope_parameters` / `rope_scaling` + `rope_theta`.
@@ -292,6 +316,7 @@ MODEL_TYPES = {
     "gpt_oss": "GptOssForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 # Checkpoint weight names that differ from the model's (regex, replacement), applied in order.

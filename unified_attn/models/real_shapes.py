@@ -40,6 +40,8 @@ REAL_SHAPES: dict[str, ModelConfig] = {
                             for i in range(48)], 10485760),
     "mistral-7b-v0.1": _shape("mistral-7b-v0.1", 32, 32, 8, 128, [LayerKind.sliding(4096)] * 32,
                               32768),
+    # Qwen3-MoE (128 experts, 8 active): the experts do not touch the KV cache
+    "qwen3-30b-a3b": _shape("qwen3-30b-a3b", 48, 32, 4, 128, [LayerKind.full()] * 48, 40960),
 }  # fmt: skip
 
 
