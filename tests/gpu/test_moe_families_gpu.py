@@ -1,7 +1,7 @@
-"""GPT-OSS, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 checkpoints on the GPU (run through the device
-tool): the experts run grouped (`kernels/moe/grouped_experts.py`) in eager prefill and in decode
-steps replayed from CUDA graphs, and give transformers' greedy tokens and logits in float32
-(the CPU parity tests check the reference path the same way)."""
+"""GPT-OSS, Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 checkpoints on the GPU (run through the
+device tool): the experts run grouped (`kernels/moe/grouped_experts.py`) in eager prefill and in
+decode steps replayed from CUDA graphs, and give transformers' greedy tokens and logits in
+float32 (the CPU parity tests check the reference path the same way)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 PROMPTS = [[(5 * i + 3 * j) % 90 + 4 for j in range(n)] for i, n in enumerate([37, 12, 64])]
 
 
-@pytest.mark.parametrize("family", ["gpt-oss", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"])
+@pytest.mark.parametrize(
+    "family", ["gpt-oss", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"]
+)
 def test_grouped_experts_give_transformers_tokens_and_logits(family, tmp_path):
     hf = make_deepseek("v3") if family == "deepseek-v3" else make_family_model(family)
     path = save_hf_model(hf, tmp_path / family)
