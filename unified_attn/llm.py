@@ -38,6 +38,19 @@ def progress_bar(what: str) -> Iterator[Callable[[int, int], None]]:
         yield update
 
 
+def check_conversation(index: int, conversation: Any) -> None:
+    """A conversation is a non-empty list of `{"role": str, "content": str}` messages."""
+    ok = isinstance(conversation, list) and conversation and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+        for m in conversation
+    )
+    if not ok:
+        raise ValueError(
+            f"LLM.chat: conversation {index} must be a non-empty list of messages "
+            f'{{"role": ..., "content": ...}}, got {conversation!r:.80}'
+        )
+
+
 class LLM:
     """A model behind vLLM's `LLM` interface: `LLM(model, **engine_kwargs)`, then
     `generate(prompts, sampling_params)` for finished outputs or `stream(...)` for per-step
@@ -100,6 +113,8 @@ class LLM:
                 "checkpoint whose tokenizer_config.json has a chat_template"
             )
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        for i, conversation in enumerate(conversations):
+            check_conversation(i, conversation)
         prompts = [
             render(conversation, chat_template, add_generation_prompt)
             for conversation in conversations

@@ -117,3 +117,9 @@ def test_bad_request_arguments_are_refused_and_change_nothing(kwargs, message):
         engine.add_request(prompt=[1, 2], **kwargs)
     assert not engine.has_unfinished_requests() and engine.unfinished_request_ids() == []
     assert engine.add_request(None, [1, 2]) == "req-0"  # no automatic id was used up
+
+
+@pytest.mark.parametrize("fraction", [0, 1.5, -0.1, "0.9", True])
+def test_a_gpu_memory_fraction_outside_0_1_is_refused(fraction):
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be a fraction in"):
+        LLMEngine("tiny-llama", gpu_memory_utilization=fraction)

@@ -59,6 +59,12 @@ def test_chat_prompts_are_the_templates_tokens(checkpoint):
     assert [o.prompt_token_ids for o in two] == [[0, 3, 4, 4], [0, 3, 4]]
 
 
+@pytest.mark.parametrize("messages", ["hello", [], [{"content": "hi"}], [["not a message"]]])
+def test_messages_that_are_not_a_conversation_are_refused(checkpoint, messages):
+    with pytest.raises(ValueError, match="must be a non-empty list of messages"):
+        LLM(str(checkpoint)).chat(messages)
+
+
 def test_a_model_without_a_chat_template_is_told_so():
     with pytest.raises(ValueError, match="has no tokenizer with a chat template"):
         LLM("tiny-llama").chat(CHAT)

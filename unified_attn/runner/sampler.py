@@ -156,6 +156,8 @@ class Sampler:
         self.generators: dict[str, torch.Generator] = {}
         # request id -> bool [V]: the prompt's tokens, for `repetition_penalty` (built once)
         self.prompt_masks: dict[str, torch.Tensor] = {}
+        # request id -> bool [V]: the tokens outside `allowed_token_ids` (built once)
+        self.disallowed_masks: dict[str, torch.Tensor] = {}
 
     def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
         """One token per row of `logits [N, V]` (float32); row `i` belongs to `requests[i]`."""
@@ -271,12 +273,11 @@ class Sampler:
         self, row: torch.Tensor, request_id: str, allowed: Sequence[int]
     ) -> torch.Tensor:
         """`row` with every token outside `allowed` at -inf (the mask is built once)."""
-        key = request_id + "/allowed"
-        mask = self.prompt_masks.get(key)
+        mask = self.disallowed_masks.get(request_id)
         if mask is None:
             mask = torch.ones(row.shape[-1], dtype=torch.bool, device=row.device)
             mask[torch.tensor(list(allowed), dtype=torch.int64, device=row.device)] = False
-            self.prompt_masks[key] = mask
+            self.disallowed_masks[request_id] = mask
         return row.masked_fill(mask, float("-inf"))
 
     def _prompt_mask(self, request: Request | _Extended, row: torch.Tensor) -> torch.Tensor:
@@ -315,7 +316,7 @@ class Sampler:
     def drop(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
         self.prompt_masks.pop(request_id, None)
-        self.prompt_masks.pop(request_id + "/allowed", None)
+        self.disallowed_masks.pop(request_id, None)
 
 
 @attrs.frozen
