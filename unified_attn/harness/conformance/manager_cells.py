@@ -124,9 +124,11 @@ def check_manager(
     returns what was exercised and the failures, each naming the manager."""
     name = manager_cls.__name__
     with temporary_preset(layer_kind):
-        want, cap = expected_tokens(workload)
+        want, ample = expected_tokens(workload)
+        cap = ample.kv_cache_manager.max_blocks_per_request()[0]
         # fewer blocks than the six running requests' default caps: someone gets preempted
-        engine = pressured_engine(manager_cls, config, min(MAX_BLOCKS, 2 * cap))
+        memory = min(MAX_BLOCKS, 2 * cap) * ample.worker.plan.bytes_per_block + 1
+        engine = pressured_engine(manager_cls, config, memory)
         poisoned = poison_freed_blocks(engine)
         outputs, failures = drive(engine, workload, name)
     for index, tokens in outputs.items():
@@ -163,30 +165,23 @@ def temporary_preset(layer_kind: LayerKind) -> Iterator[None]:
         del PRESETS[PRESET]
 
 
-def engine_options(blocks: int | None) -> dict[str, Any]:
-    """Float32 on CPU, batch-invariant (batching and chunking change no bit), chunked prefill;
-    `blocks` sizes the cache (None: ample)."""
-    memory = "64MiB" if blocks is None else blocks * block_bytes() + 1
+def engine_options(memory: int | str) -> dict[str, Any]:
+    """Float32 on CPU, batch-invariant (batching and chunking change no bit), chunked prefill,
+    a cache of `memory`."""
     return dict(max_model_len=256, max_num_seqs=6, max_num_batched_tokens=48,
                 batch_invariant=True, kv_cache_memory=memory)  # fmt: skip
 
 
-def block_bytes() -> int:
-    """One block of tiny-llama's four layers: keys and values, 16 tokens, 2 heads of 32."""
-    return 4 * 2 * 16 * 2 * 32 * 4
-
-
-def expected_tokens(workload: Workload) -> tuple[list[list[int]], int]:
+def expected_tokens(workload: Workload) -> tuple[list[list[int]], LLMEngine]:
     """The workload's greedy tokens with ample memory under the layer kind's default manager,
-    and that manager's admission cap."""
-    engine = LLMEngine(PRESET, backend=ReferenceAttentionBackend, **engine_options(None))
+    and that engine (its block size and admission cap size the pressured cache)."""
+    engine = LLMEngine(PRESET, backend=ReferenceAttentionBackend, **engine_options("64MiB"))
     params = SamplingParams(max_tokens=workload.max_tokens, ignore_eos=True)
     outputs = engine.generate(workload.prompts(), params)
-    cap = engine.kv_cache_manager.max_blocks_per_request()[0]
-    return [o.output_token_ids for o in outputs], cap
+    return [o.output_token_ids for o in outputs], engine
 
 
-def pressured_engine(manager_cls: type, config: Any, blocks: int) -> LLMEngine:
+def pressured_engine(manager_cls: type, config: Any, memory: int) -> LLMEngine:
     class ManagerUnderTest(ReferenceAttentionBackend):
         name = "manager-under-test"
 
@@ -196,7 +191,7 @@ def pressured_engine(manager_cls: type, config: Any, blocks: int) -> LLMEngine:
                 return cache
             return manager_cls, config, cache[2]  # the reference's paged K/V pages
 
-    return LLMEngine(PRESET, backend=ManagerUnderTest, **engine_options(blocks))
+    return LLMEngine(PRESET, backend=ManagerUnderTest, **engine_options(memory))
 
 
 def poison_freed_blocks(engine: LLMEngine) -> dict[str, int]:
