@@ -35,9 +35,12 @@ _BUILTIN_MODULES = (
     "unified_attn.backends.reference",
     "unified_attn.backends.triton",
     "unified_attn.backends.linear_state",
+    "unified_attn.backends.mamba_state",
     "unified_attn.backends.mla",
+    "unified_attn.backends.sparse_mla",
     "unified_attn.backends.triton.mla_backend",
     "unified_attn.backends.triton.deepseek_v4_backend",
+    "unified_attn.backends.triton.sparse_mla_backend",
     "unified_attn.legacy_adapter.ports",
 )
 

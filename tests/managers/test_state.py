@@ -87,9 +87,10 @@ def test_hybrid_attention_hit_is_limited_by_the_state_checkpoint():
 
 def test_unknown_mode_and_align_with_speculative_blocks_are_rejected():
     with pytest.raises(ValueError, match="mamba_cache_mode"):
-        StateManager.Config(mamba_cache_mode="all")
-    with pytest.raises(ValueError, match="num_speculative_blocks"):
-        StateManager.Config(mamba_cache_mode="align", num_speculative_blocks=1)
+        StateManager.Config(mamba_cache_mode="some")
+    for mode in ("align", "all"):
+        with pytest.raises(ValueError, match="num_speculative_blocks"):
+            StateManager.Config(mamba_cache_mode=mode, num_speculative_blocks=1)
     with pytest.raises(ValueError, match="num_speculative_blocks"):
         StateManager.Config(num_speculative_blocks=-1)
 

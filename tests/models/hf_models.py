@@ -51,6 +51,15 @@ GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
 }
+# Llama 4's llama3-type scaling, shrunk: wavelengths above 32 tokens interpolated.
+LLAMA4_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, float]]] = {
     "gemma2": (
         "gemma2",
@@ -142,12 +151,62 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, float]]] = {
         ),
         {"mlp.gate.weight": 10.0},
     ),
+    # Llama 4: chunked (8) RoPE layers 0, 1, 3 with L2 q/k norms, NoPE full layer 2 with a
+    # temperature that grows every 4 tokens, interleaved llama3-scaled RoPE; layers 1 and 3
+    # MoE (4 experts, top 2, sigmoid routing into the experts' input, shared expert), 0 and 2
+    # dense of intermediate_size_mlp
+    "llama4": (
+        "llama4_text",
+        dict(
+            num_hidden_layers=4,
+            head_dim=16,
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+            attention_chunk_size=8,
+            no_rope_layers=[1, 1, 0, 1],
+            floor_scale=4,
+            attn_scale=0.5,
+            interleave_moe_layer_step=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            rope_parameters=LLAMA4_ROPE,
+        ),
+        {"feed_forward.router.weight": 10.0},
+    ),
+}
+
+# The state-space hybrids (`HybridModel`, not the Llama line of FAMILIES): engine parity in
+# tests/runner/test_engine_hf_parity.py and test_state_cache_modes.py.
+STATE_FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, float]]] = {
+    # Mamba-2 state-space models: 8 heads of 16 in 2 groups, state 16, scan chunks of 8 (prompts
+    # cross several), a 4-tap convolution
+    "mamba2": (
+        "mamba2",
+        dict(num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=2, state_size=16,
+             expand=2, chunk_size=8),
+        {},
+    ),
+    # Bamba: Mamba layer 0, attention layer 1 with RoPE on half of each head, SwiGLU MLPs
+    "bamba": (
+        "bamba",
+        dict(num_hidden_layers=2, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16,
+             mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=8),
+        {},
+    ),
+    # Nemotron-H: Mamba, squared-ReLU MLP, attention without RoPE, Mamba blocks
+    "nemotron-h": (
+        "nemotron_h",
+        dict(layers_block_type=["mamba", "mlp", "attention", "mamba"], head_dim=16,
+             mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16,
+             chunk_size=8),
+        {},
+    ),
 }
 
 
 def make_family_model(name: str, seed: int = 0, **overrides: Any) -> Any:
     """The tiny random model of family `name` (FAMILIES), with config `overrides` on top."""
-    model_type, family_overrides, scales = FAMILIES[name]
+    model_type, family_overrides, scales = (FAMILIES | STATE_FAMILIES)[name]
     hf = make_hf_model(model_type, seed=seed, **{**family_overrides, **overrides})
     with torch.no_grad():
         for param_name, param in hf.named_parameters():

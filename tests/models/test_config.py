@@ -95,7 +95,7 @@ def test_invalid_moe_config():
     with pytest.raises(ValueError, match="expert_kind must be one of"):
         MoEConfig(num_experts=4, top_k=2, expert_kind="relu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="router_softmax must be one of"):
-        MoEConfig(num_experts=4, top_k=2, router_softmax="sigmoid")  # type: ignore[arg-type]
+        MoEConfig(num_experts=4, top_k=2, router_softmax="sparsemax")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="intermediate_size must be a positive int"):
         MoEConfig(num_experts=4, top_k=2, intermediate_size=0)
 

@@ -12,6 +12,7 @@ import torch
 from tests.models.hf_models import (
     FAMILIES,
     GEMMA3_ROPE,
+    LLAMA4_ROPE,
     YARN,
     hf_logits,
     make_family_model,
@@ -198,6 +199,9 @@ VARIANTS = {
     "qwen2-moe-sparse-step": ("qwen2-moe", dict(decoder_sparse_step=2, mlp_only_layers=[])),
     "qwen3-bias": ("qwen3", dict(attention_bias=True, use_sliding_window=False)),
     "mixtral-sliding": ("mixtral", dict(sliding_window=8)),
+    # the real models' routing: top 1; Scout: MoE on every layer; Maverick: no q/k norm
+    "llama4-scout-like": ("llama4", dict(num_experts_per_tok=1, interleave_moe_layer_step=1)),
+    "llama4-maverick-like": ("llama4", dict(num_experts_per_tok=1, use_qk_norm=False)),
 }
 
 
@@ -337,6 +341,16 @@ FEATURE_EDITS = {
         dict(num_experts_per_tok=3),
         dict(sliding_window=9),
         dict(use_sliding_window=False),
+    ],
+    "llama4": [
+        dict(attention_chunk_size=9),
+        dict(no_rope_layers=[1, 1, 1, 1]),  # layer 2 rotates (layer_types keeps it full)
+        dict(no_rope_layers=[1, 0, 0, 1]),
+        dict(use_qk_norm=False),
+        dict(attn_temperature_tuning=False),
+        dict(floor_scale=8),
+        dict(num_experts_per_tok=1),
+        dict(rope_parameters={**LLAMA4_ROPE, "factor": 2.0}),
     ],
 }
 

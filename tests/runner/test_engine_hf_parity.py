@@ -21,21 +21,38 @@ CASES = {
     "mixtral": ("family", {}),  # sparse MoE, top-2 of 4
     "qwen2-moe": ("family", {}),  # sparse MoE with a shared expert, then a dense layer
     "qwen3-moe": ("family", {}),  # q/k norms, windows, sparse MoE without a shared expert
+    "mamba2": ("family", {}),  # Mamba-2 state layers only: scan chunks of 8
+    "bamba": ("family", {}),  # a Mamba-2 layer and an attention layer with partial RoPE
+    "nemotron-h": ("family", {}),  # Mamba-2, squared-ReLU MLP and NoPE attention blocks
+    # chunked (8) RoPE layers, a NoPE layer with temperature tuning, sigmoid-routed MoE
+    "llama4": ("family", {}),
 }
+# State layers keep one recurrent state per request: speculative decoding refuses them
+# (test_speculation_refuses_state_layers).
+STATE_CASES = {"mamba2", "bamba", "nemotron-h"}
 NUM_TOKENS = 32
 # Ample for these tests (a block of the tiny models is a few KiB), and quick to set up: the
 # block pool's host bookkeeping grows with the number of blocks.
 MEMORY = "2MiB"
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def checkpoint(request, tmp_path_factory):
-    model_type, overrides = CASES[request.param]
+def build(name, tmp_path_factory):
+    model_type, overrides = CASES[name]
     if model_type == "family":
-        hf = make_family_model(request.param)
+        hf = make_family_model(name)
     else:
         hf = make_hf_model(model_type, **overrides)
-    return hf, save_hf_model(hf, tmp_path_factory.mktemp(request.param))
+    return hf, save_hf_model(hf, tmp_path_factory.mktemp(name))
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def checkpoint(request, tmp_path_factory):
+    return build(request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=sorted(set(CASES) - STATE_CASES))
+def spec_checkpoint(request, tmp_path_factory):
+    return build(request.param, tmp_path_factory)
 
 
 def prompts(lengths, seed=0, shared=0):
@@ -92,9 +109,9 @@ def test_prefix_cache_hits_match_transformers(checkpoint):
     assert engine.kv_cache_manager.prefix_cache_stats.hits >= 3 * 40 - 3 * 8
 
 
-def test_speculative_decoding_matches_transformers(checkpoint):
+def test_speculative_decoding_matches_transformers(spec_checkpoint):
     """n-gram drafts verified in the decode step: the same greedy tokens and logits."""
-    hf, path = checkpoint
+    hf, path = spec_checkpoint
     engine = LLMEngine(str(path), kv_cache_memory=MEMORY, max_num_batched_tokens=48,
                        speculative_method="ngram", num_speculative_tokens=4)  # fmt: skip
     pattern = prompts([9], seed=5)[0]
@@ -104,10 +121,10 @@ def test_speculative_decoding_matches_transformers(checkpoint):
     assert engine.stats.spec_drafted > 0
 
 
-def test_draft_model_speculation_matches_transformers(checkpoint):
+def test_draft_model_speculation_matches_transformers(spec_checkpoint):
     """The checkpoint drafts for itself (the draft path on every family's layers): the same
     greedy tokens and logits as transformers."""
-    hf, path = checkpoint
+    hf, path = spec_checkpoint
     engine = LLMEngine(str(path), kv_cache_memory=MEMORY, max_num_batched_tokens=48,
                        speculative_method="draft", draft_model=str(path),
                        num_speculative_tokens=3)  # fmt: skip
@@ -115,3 +132,10 @@ def test_draft_model_speculation_matches_transformers(checkpoint):
     outputs = engine.generate(batch, PARAMS)
     check_against_hf(hf, outputs, batch, prompt_logits=False)
     assert engine.stats.spec_acceptance_rate > 0.5
+
+
+def test_speculation_refuses_state_layers(tmp_path_factory):
+    _, path = build("bamba", tmp_path_factory)
+    with pytest.raises(ValueError, match="cannot roll back rejected drafts in state layers"):
+        LLMEngine(str(path), kv_cache_memory=MEMORY, speculative_method="ngram",
+                  num_speculative_tokens=4)  # fmt: skip

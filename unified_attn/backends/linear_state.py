@@ -16,7 +16,7 @@ token t's output and state depend only on the tokens up to t.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import attrs
 import torch
@@ -28,20 +28,12 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
+from unified_attn.backends.state_rows import StateRow, state_rows
 from unified_attn.managers import StateManager
 from unified_attn.selector import SelectorConfig, register_backend
 from unified_attn.tensor_specs import StateSpec
 
 CHUNK = 64
-
-
-class StateRow(NamedTuple):
-    """One request of a step in a state group (host ints)."""
-
-    start: int  # first token row
-    end: int  # one past its last token row
-    read: int | None  # block holding the state to start from; None: start from zeros
-    write: int  # block that receives the state after the last token
 
 
 @attrs.frozen
@@ -62,7 +54,7 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         num_heads: int,
         head_size: int,
         dtype: torch.dtype | str,
-        mamba_cache_mode: Literal["none", "align"] = "align",
+        mamba_cache_mode: Literal["none", "align", "all"] = "align",
         **options: Any,
     ) -> None:
         super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
@@ -99,24 +91,11 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        num_reqs = common.num_reqs
-        qsl, _, computed = common.host_lists()
-        align = self.manager_config.mamba_cache_mode == "align"
-        requests: dict[int, list[StateRow]] = {}
-        for gid in set(self.group_of_layer.values()):
-            table = block_tables[gid].cpu().tolist()
-            bs = common.block_sizes[gid]
-            rows = []
-            for i in range(num_reqs):
-                start, end, done = qsl[i], qsl[i + 1], computed[i]
-                if align:
-                    read = table[i][(done - 1) // bs] if done else None
-                    write = table[i][(done + end - start - 1) // bs]
-                else:
-                    read, write = (table[i][0] if done else None), table[i][0]
-                rows.append(StateRow(start, end, read, write))
-            requests[gid] = rows
-        self.plan = StatePlan(requests)
+        mode = self.manager_config.mamba_cache_mode
+        self.plan = StatePlan(
+            {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
+             for gid in set(self.group_of_layer.values())}
+        )  # fmt: skip
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.states = {name: views[0] for name, views in kv_caches.items()}
@@ -137,17 +116,21 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         out = output.view(q.shape)
         plan = self.current_plan()
         scan = gated_linear_recurrence if self.batch_invariant else gated_linear_attention
-        for start, end, read, write in plan.requests[self.group_of_layer[layer.name]]:
+        for row in plan.requests[self.group_of_layer[layer.name]]:
             state = (
-                states[read].clone()
-                if read is not None
+                states[row.read].clone()
+                if row.read is not None
                 else torch.zeros(states.shape[1:], dtype=torch.float32, device=q.device)
             )
-            o, state = scan(
-                q[start:end], k[start:end], v[start:end], log_gate[start:end], state, layer.scale
-            )
-            out[start:end] = o.to(out.dtype)
-            states[write] = state
+            # "all" mode: run up to each checkpoint, save it, go on
+            begin = row.start
+            for rows, block in (*row.checkpoints, (row.end - row.start, row.write)):
+                end = row.start + rows
+                o, state = scan(q[begin:end], k[begin:end], v[begin:end], log_gate[begin:end],
+                                state, layer.scale)  # fmt: skip
+                out[begin:end] = o.to(out.dtype)
+                states[block] = state
+                begin = end
         return output
 
 

@@ -23,7 +23,7 @@ from unified_attn.cli.arguments import (
 )
 from unified_attn.cli.run_report import print_report
 from unified_attn.cli.workload import NUM_PREFIXES, PREFIX_TOKENS, run_workload
-from unified_attn.engine.engine_config import EVICTION_POLICIES
+from unified_attn.engine.engine_config import EVICTION_POLICIES, STATE_CACHE_MODES
 from unified_attn.engine.llm_engine import LLMEngine
 from unified_attn.runner.model_source import DEFAULT_MODEL
 from unified_attn.sampling_params import RequestOutputKind, SamplingParams
@@ -135,6 +135,13 @@ def add_parser(commands: Any) -> None:
         help="which cached block a new block evicts: lru (vLLM's order) or window_aware (blocks "
         "no prefix hit can use first)",
     )
+    run.add_argument(
+        "--mamba-cache-mode",
+        default="align",
+        choices=STATE_CACHE_MODES,
+        help="state layers' prefix caching: align (vLLM's: a checkpoint when a step ends on a "
+        "block boundary), all (at every boundary a step crosses), none",
+    )
     run.add_argument("--batch-invariant", action="store_true", help="only batch-invariant backends")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")
     run.set_defaults(handler=main)
@@ -171,6 +178,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
         "max_model_len": args.max_model_len,
         "enable_prefix_caching": not args.no_prefix_caching,
         "kv_cache_eviction": args.kv_cache_eviction,
+        "mamba_cache_mode": args.mamba_cache_mode,
         "tensor_parallel_size": args.tensor_parallel_size,
         "batch_invariant": args.batch_invariant,
         "kv_cache_dtype": args.kv_cache_dtype,

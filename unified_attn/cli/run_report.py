@@ -89,6 +89,12 @@ def sample(out: Any) -> dict:
     }
 
 
+def config_text(config: dict) -> str:
+    """A manager config as `field=value` pairs, leaving out the fields that are off (None, 0,
+    False): `sliding_window=32`, `mamba_cache_mode=align`."""
+    return ", ".join(f"{k}={v}" for k, v in config.items() if v not in (None, 0, False))
+
+
 def print_report(report: dict) -> None:
     from rich.table import Table
 
@@ -105,7 +111,7 @@ def print_report(report: dict) -> None:
     for column in columns:
         groups.add_column(column)
     for g, live in zip(kv["groups"], report["groups_at_runtime"], strict=True):
-        groups.add_row(str(g["group_id"]), g["manager"], str(g["config"] or ""),
+        groups.add_row(str(g["group_id"]), g["manager"], config_text(g["config"]),
                        str(len(g["layers"])), f"{g['page_bytes']:,}",
                        str(g["blocks_per_request"]), f"{live['blocks_freed_early']:,}",
                        f"{live['hit_blocks']:,}")  # fmt: skip

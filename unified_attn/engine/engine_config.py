@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from unified_attn.managers.eviction import EVICTION_POLICIES
+from unified_attn.managers.state import STATE_CACHE_MODES
 from unified_attn.tensor_specs.paged import kv_cache_dtype_name
 
 if TYPE_CHECKING:
@@ -38,6 +39,10 @@ class EngineConfig:
     # which cached block a new block evicts: "lru" (vLLM's order) or "window_aware" (blocks no
     # prefix hit can use first; docs/kv-cache.md)
     kv_cache_eviction: str = attrs.field(default="lru")
+    # state layers (Mamba, linear attention): "align" (vLLM's with prefix caching) checkpoints
+    # a state when a step ends on a block boundary, "all" at every boundary a step crosses,
+    # "none" keeps one state per request and caches none (docs/hybrid-models.md)
+    mamba_cache_mode: str = attrs.field(default="align")
     batch_invariant: bool = False
     # "auto": the model dtype; "fp8" (or "fp8_e4m3"): float8 e4m3 with per-layer scales, half
     # the bytes of bfloat16 (docs/kv-cache.md, "fp8 KV cache")
@@ -74,6 +79,14 @@ class EngineConfig:
     @kv_cache_dtype.validator
     def _check_kv_cache_dtype(self, _attribute: Any, value: str) -> None:
         kv_cache_dtype_name(value)  # a ValueError naming the choices
+
+    @mamba_cache_mode.validator
+    def _check_mamba_mode(self, _attribute: Any, value: str) -> None:
+        if value not in STATE_CACHE_MODES:
+            raise ValueError(
+                f"mamba_cache_mode={value!r} is not a mode; pick one of "
+                f"{', '.join(STATE_CACHE_MODES)} ('align' is vLLM's with prefix caching)"
+            )
 
     @kv_cache_eviction.validator
     def _check_eviction(self, _attribute: Any, value: str) -> None:

@@ -9,6 +9,7 @@
 - `moe`: the grouped routed-experts products and the device sort of (token, expert) pairs.
 - `hyper`: DeepSeek-V4's hyper-connection weights.
 - `invariant`: the batch-invariant ops (matmul, norms, softmax) and their launchers.
+- `ssm`: Mamba-2 state layers: the causal convolution and the SSD scan (chunked and decode).
 
 A jit module holds kernels; the launchers that check inputs, plan tiles and launch live in the
 backends (`backends/triton/*_ops.py`) or beside the kernels where a model calls them directly

@@ -1,10 +1,14 @@
 """State layers (Mamba, linear attention): only the latest recurrent state matters.
 
 Mode "none": no prefix caching. A request's table is `[state, *speculative]`, allocated once.
-Mode "align": the table is positional like attention's. After a step ending at token n, the
-block at index `(n - 1) // block_size` holds the state after n tokens; earlier positions are null
-(freed). A step ending on a block boundary leaves a checkpoint that is cached under that block's
-hash, and a prefix hit is the single right-most cached checkpoint.
+Mode "align" (vLLM's): the table is positional like attention's. After a step ending at token n,
+the block at index `(n - 1) // block_size` holds the state after n tokens; earlier positions are
+null (freed). A step ending on a block boundary leaves a checkpoint that is cached under that
+block's hash, and a prefix hit is the single right-most cached checkpoint.
+Mode "all": as "align", and a step also leaves a checkpoint at every block boundary it crosses
+(block `b - 1` holds the state after `b * block_size` tokens), so a prompt is cached at each of
+its block boundaries whatever the scheduler's chunks; the checkpoints behind the request's
+position are freed (into the prefix cache) as in "align".
 
 The backend reads a request's state from table position `(num_computed - 1) // block_size`
 (zeros when nothing is computed) and writes it to `(num_computed + num_new - 1) // block_size`.
@@ -22,7 +26,7 @@ from unified_attn.managers.block_pool import KVCacheBlock
 from unified_attn.request import Request
 from unified_attn.utils import cdiv, non_negative_int
 
-STATE_CACHE_MODES = ("none", "align")
+STATE_CACHE_MODES = ("none", "align", "all")
 
 
 def _check_mode(_instance: object, attribute: attrs.Attribute, value: str) -> None:
@@ -32,21 +36,21 @@ def _check_mode(_instance: object, attribute: attrs.Attribute, value: str) -> No
 
 class StateManager(SingleTypeKVCacheManager):
     """Blocks that each hold one request's recurrent state (one per request in mode "none",
-    one checkpoint per block boundary in mode "align"). `mamba_cache_mode` keeps vLLM's name
-    for the same switch."""
+    checkpoints at block boundaries in modes "align" and "all"). `mamba_cache_mode` keeps vLLM's
+    name for the same switch."""
 
     @attrs.frozen
     class Config(SingleTypeKVCacheManager.Config):
-        mamba_cache_mode: Literal["none", "align"] = attrs.field(
+        mamba_cache_mode: Literal["none", "align", "all"] = attrs.field(
             default="none", validator=_check_mode
         )
         num_speculative_blocks: int = attrs.field(default=0, validator=non_negative_int)
 
         def __attrs_post_init__(self) -> None:
-            if self.mamba_cache_mode == "align" and self.num_speculative_blocks:
+            if self.mamba_cache_mode != "none" and self.num_speculative_blocks:
                 raise ValueError(
                     "num_speculative_blocks > 0 needs mamba_cache_mode='none' "
-                    f"(got mamba_cache_mode='align', num_speculative_blocks="
+                    f"(got mamba_cache_mode={self.mamba_cache_mode!r}, num_speculative_blocks="
                     f"{self.num_speculative_blocks})"
                 )
 
@@ -55,17 +59,24 @@ class StateManager(SingleTypeKVCacheManager):
 
     def __init__(self, config: Config, **kwargs) -> None:
         super().__init__(config, **kwargs)
-        self.align = config.mamba_cache_mode == "align"
-        self.caches_only_at_step_ends = self.align  # type: ignore[misc]
+        # "align" and "all": positional tables of checkpoints; "all": at every boundary crossed
+        self.align = config.mamba_cache_mode != "none"
+        self.every_boundary = config.mamba_cache_mode == "all"
+        self.caches_only_at_step_ends = config.mamba_cache_mode == "align"  # type: ignore[misc]
         # align mode: non-null positions of each request's table (at most a few).
         self.live_positions: dict[str, list[int]] = {}
         self.cached_this_step: set[int] = set()
+        # "all": per request, the table positions below this are cached or passed
+        self.checkpointed: dict[str, int] = {}
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(num_computed_tokens - 1, 0)
 
     def max_blocks_per_request(self) -> int:
-        # align: the state read this step and the block it writes are both alive.
+        # align: the state read this step and the block it writes are both alive; all: and a
+        # checkpoint at each boundary a step of at most max_in_flight_tokens crosses
+        if self.every_boundary:
+            return 2 + cdiv(self.max_in_flight_tokens, self.block_size)
         return 1 + self.config.num_speculative_blocks + (1 if self.align else 0)
 
     # ---- allocation ----------------------------------------------------------------------------
@@ -85,7 +96,8 @@ class StateManager(SingleTypeKVCacheManager):
             return self.block_pool.num_blocks
         num_positions = len(self.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
         evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
-        return int(cdiv(num_tokens, self.block_size) > num_positions) + evictable
+        missing = cdiv(num_tokens, self.block_size) - num_positions
+        return (max(missing, 0) if self.every_boundary else int(missing > 0)) + evictable
 
     def add_computed_blocks(
         self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock], num_computed: int
@@ -109,18 +121,32 @@ class StateManager(SingleTypeKVCacheManager):
         last = cdiv(num_tokens, self.block_size) - 1
         if last < len(blocks):
             return []
-        (state_block,) = self.block_pool.get_new_blocks(1)
-        appended = [self.null_block] * (last - len(blocks)) + [state_block]
+        first = len(blocks) if self.every_boundary else last
+        new_blocks = self.block_pool.get_new_blocks(last + 1 - first)
+        appended = [self.null_block] * (first - len(blocks)) + new_blocks
         blocks.extend(appended)
-        self.live_positions.setdefault(request_id, []).append(last)
-        self._record_new([state_block])
+        self.live_positions.setdefault(request_id, []).extend(range(first, last + 1))
+        self._record_new(new_blocks)
         return appended
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the checkpoint when this step ends exactly on an aligned block boundary."""
-        if not self.align or num_tokens % self.cache_alignment or not num_tokens:
+        """Cache the checkpoint when this step ends exactly on an aligned block boundary
+        ("align"), or every aligned checkpoint the request holds up to `num_tokens` ("all")."""
+        if not self.align:
             return
-        index = num_tokens // self.block_size - 1
+        if self.every_boundary:
+            rid = request.request_id
+            start = self.checkpointed.get(rid, 0)
+            end = min(num_tokens // self.block_size, len(self.req_to_blocks.get(rid, ())),
+                      len(self.block_hashes(request)))  # fmt: skip
+            for index in range(start, end):
+                if (index + 1) * self.block_size % self.cache_alignment == 0:
+                    self._cache_checkpoint(request, index)
+            self.checkpointed[rid] = max(start, end)
+        elif num_tokens and not num_tokens % self.cache_alignment:
+            self._cache_checkpoint(request, num_tokens // self.block_size - 1)
+
+    def _cache_checkpoint(self, request: Request, index: int) -> None:
         blocks = self.req_to_blocks.get(request.request_id, [])
         hashes = self.block_hashes(request)
         if index >= min(len(blocks), len(hashes)) or blocks[index].is_null:
@@ -169,6 +195,7 @@ class StateManager(SingleTypeKVCacheManager):
 
     def free(self, request_id: str) -> None:
         self.live_positions.pop(request_id, None)
+        self.checkpointed.pop(request_id, None)
         super().free(request_id)
 
     # ---- prefix hits ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ RopeType = Literal["llama3", "linear", "yarn"]
 NormStyle = Literal["llama", "gemma", "float32"]
 MLPKind = Literal["swiglu", "geglu", "moe"]
 ExpertKind = Literal["clamped_swiglu", "swiglu"]
-RouterSoftmax = Literal["top_k", "all"]
+RouterSoftmax = Literal["top_k", "all", "sigmoid"]
+RopeStyle = Literal["neox", "interleaved"]
 RoutingDType = Literal["float32", "model"]
 
 
@@ -148,6 +149,15 @@ class RopeScaling:
 
 
 @attrs.frozen(kw_only=True)
+class AttnTemperature:
+    """Llama 4's attention temperature tuning of its NoPE layers: the query at position p is
+    multiplied by `1 + attn_scale * log1p(floor((p + 1) / floor_scale))`."""
+
+    floor_scale: float = attrs.field(validator=positive)
+    attn_scale: float = attrs.field(validator=positive)
+
+
+@attrs.frozen(kw_only=True)
 class MoEConfig:
     """Mixture of experts: a linear router picks `top_k` of `num_experts` experts per token.
 
@@ -164,6 +174,10 @@ class MoEConfig:
     model's).
     `shared_expert_intermediate_size` (Qwen2-MoE): a SwiGLU `mlp.shared_expert` run on every
     token, scaled by `sigmoid(mlp.shared_expert_gate(x))` and added (None: no shared expert).
+
+    Llama 4: `router_softmax="sigmoid"` (the sigmoid of each chosen logit, no normalisation)
+    and `scale_input` (the routing weight multiplies the chosen expert's input, not its output;
+    the shared expert is not gated), with `expert_kind="swiglu"`; router `mlp.router`.
     """
 
     num_experts: int = attrs.field(validator=positive_int)
@@ -178,15 +192,20 @@ class MoEConfig:
     shared_expert_intermediate_size: int | None = attrs.field(
         default=None, validator=optional_positive_int
     )
+    scale_input: bool = False
 
     def __attrs_post_init__(self) -> None:
+        if self.scale_input and self.expert_kind != "swiglu":
+            raise ValueError(
+                f"MoEConfig: scale_input needs expert_kind='swiglu', got {self.expert_kind!r}"
+            )
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"MoEConfig: top_k={self.top_k} exceeds num_experts={self.num_experts}"
             )
         choices = {
             "expert_kind": ("clamped_swiglu", "swiglu"),
-            "router_softmax": ("top_k", "all"),
+            "router_softmax": ("top_k", "all", "sigmoid"),
             "routing_weights_dtype": ("float32", "model"),
         }
         check_choices("MoEConfig", self, choices)
@@ -221,6 +240,10 @@ class ModelConfig:
     layers, those with a window or chunk; None: the global `rope_theta` and `rope_scaling`),
     `dense_mlp_layers` (with `mlp_kind="moe"`: the layers whose MLP is a dense SwiGLU of
     `intermediate_size` instead, Qwen2-MoE's `mlp_only_layers` and `decoder_sparse_step`).
+    Llama 4: `rope_style="interleaved"` (RoPE rotates adjacent channel pairs, as complex
+    numbers, instead of the two halves), `nope_layers` (layers without RoPE), `qk_l2_norm`
+    (q and k of the RoPE layers divided by their RMS over each head, without weights, after
+    RoPE), `attn_temperature` (query scaling by position on the NoPE layers).
     """
 
     vocab_size: int = attrs.field(validator=positive_int)
@@ -252,6 +275,10 @@ class ModelConfig:
     local_rope_theta: float | None = attrs.field(default=None, validator=optional_positive)
     local_rope_scaling: RopeScaling | None = None
     dense_mlp_layers: tuple[int, ...] = attrs.field(default=(), converter=_as_int_tuple)
+    rope_style: RopeStyle = "neox"
+    nope_layers: tuple[int, ...] = attrs.field(default=(), converter=_as_int_tuple)
+    qk_l2_norm: bool = False
+    attn_temperature: AttnTemperature | None = None
     layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_as_layer_kinds)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = attrs.field(default=None, converter=_as_eos)
@@ -288,6 +315,7 @@ class ModelConfig:
         choices = {
             "mlp_kind": ("swiglu", "geglu", "moe"),
             "norm_style": ("llama", "gemma", "float32"),
+            "rope_style": ("neox", "interleaved"),
         }
         check_choices(f"model {self.name}", self, choices)
         if (self.mlp_kind == "moe") != (self.moe is not None):
@@ -300,12 +328,13 @@ class ModelConfig:
                 f"model {self.name}: dense_mlp_layers={self.dense_mlp_layers} with "
                 f"mlp_kind={self.mlp_kind!r}; only mlp_kind='moe' has dense layers to name"
             )
-        outside = [i for i in self.dense_mlp_layers if not 0 <= i < self.num_layers]
-        if outside:
-            raise ValueError(
-                f"model {self.name}: dense_mlp_layers {outside} are outside the layers "
-                f"[0, {self.num_layers}); give layer indices"
-            )
+        for field in ("dense_mlp_layers", "nope_layers"):
+            outside = [i for i in getattr(self, field) if not 0 <= i < self.num_layers]
+            if outside:
+                raise ValueError(
+                    f"model {self.name}: {field} {outside} are outside the layers "
+                    f"[0, {self.num_layers}); give layer indices"
+                )
         if self.local_rope_scaling is not None and self.local_rope_theta is None:
             raise ValueError(
                 f"model {self.name}: local_rope_scaling without local_rope_theta; set the local "

@@ -58,7 +58,7 @@ class _Backbone(nn.Module):
                 kind,
                 make_layer_config(config, i, kind),
                 backends[_backend_key(kind)],
-                self._rotary_of(kind),
+                None if i in config.nope_layers else self._rotary_of(kind),
             )
             for i, kind in enumerate(config.layer_kinds)
         )
@@ -114,6 +114,8 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
         use the backend the selector picks for their layer kind, whatever attention backend
         was selected."""
         config, dtype = self.config, self.dtype
+        state_options = {k: v for k, v in options.items() if k == "mamba_cache_mode"}
+        options = {k: v for k, v in options.items() if k != "mamba_cache_mode"}
         backends: dict[BackendKey, AttentionBackend] = {}
         for kind in config.layer_kinds:
             key = _backend_key(kind)
@@ -131,8 +133,9 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
                     )
                 )
                 backends[key] = state_cls(
-                    num_heads=config.num_heads, head_size=config.head_size, dtype=dtype, **options
-                )
+                    num_heads=config.num_heads, head_size=config.head_size, dtype=dtype,
+                    **options, **state_options,
+                )  # fmt: skip
             else:
                 backends[key] = backend_cls(
                     num_kv_heads=config.num_kv_heads,

@@ -28,6 +28,7 @@ from unified_attn.models.hf_config import (
     architecture_of,
     config_from_hf,
     read_hf_config,
+    rearrange_weights,
     rename_weight,
     supported_architectures,
 )
@@ -268,6 +269,7 @@ def _as_model_names(
     state = {
         rename_weight(arch, k): v for k, v in raw.items() if not k.endswith("rotary_emb.inv_freq")
     }
+    state = rearrange_weights(arch, state)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
     if config.moe is not None and config.moe.expert_kind == "swiglu":

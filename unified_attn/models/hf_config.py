@@ -27,6 +27,7 @@ from unified_attn.models.hf_families import (
     ARCHITECTURES,
     MODEL_TYPES,
     ROPE_FIELDS,
+    WEIGHT_LAYOUTS,
     WEIGHT_RENAMES,
 )
 from unified_attn.models.hf_rope import rope_fields
@@ -99,6 +100,9 @@ def mla_version(hf: HFConfig) -> str | None:
 # DeepSeek-V4's hybrid sliding / compressed attention (`deepseek_v4.py`, `load_deepseek_v4`).
 V4_ARCHITECTURES = ("DeepseekV4ForCausalLM",)
 V4_MODEL_TYPES = ("deepseek_v4",)
+# DeepSeek-V3.2's sparse MLA (`deepseek_v32.py`, `deepseek_v32_hf.is_deepseek_v32`).
+V32_ARCHITECTURES = ("DeepseekV32ForCausalLM",)
+V32_MODEL_TYPES = ("deepseek_v32",)
 
 
 def is_deepseek_v4(hf: HFConfig) -> bool:
@@ -112,7 +116,8 @@ def is_deepseek_v4(hf: HFConfig) -> bool:
 
 def supported_architectures() -> list[str]:
     """The `architectures` entries of `config.json` that load, sorted (for the CLI's listing)."""
-    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES, *MLA_ARCHITECTURES, *V4_ARCHITECTURES])
+    return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES, *MLA_ARCHITECTURES, *V4_ARCHITECTURES,
+                   *V32_ARCHITECTURES])  # fmt: skip
 
 
 def encoder_family(hf: HFConfig) -> str | None:
@@ -129,6 +134,12 @@ def rename_weight(architecture: str, name: str) -> str:
     for pattern, replacement in WEIGHT_RENAMES.get(architecture, []):
         name = re.sub(pattern, replacement, name)
     return name
+
+
+def rearrange_weights(architecture: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The renamed checkpoint tensors in the model's layout (`hf_families.WEIGHT_LAYOUTS`)."""
+    layout = WEIGHT_LAYOUTS.get(architecture)
+    return state if layout is None else layout(state)
 
 
 def config_from_hf(hf: HFConfig, name: str = "hf") -> ModelConfig:

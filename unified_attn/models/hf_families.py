@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unified_attn.models.config import LayerKind, MoEConfig
+from unified_attn.models.hf_llama4 import llama4_expert_weights, llama4_fields, llama4_rope
 from unified_attn.models.hf_rope import flat_rope_params, rope, rope_fields
 
 HFConfig = dict[str, Any]
@@ -296,12 +297,14 @@ ARCHITECTURES: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "MixtralForCausalLM": _mixtral,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Qwen3MoeForCausalLM": _qwen3_moe,
+    "Llama4ForCausalLM": llama4_fields,
 }
 
 # Architectures whose RoPE is not the shared `rope_parameters` / `rope_scaling` + `rope_theta`.
 ROPE_FIELDS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "Phi3ForCausalLM": _phi3_rope,
     "Gemma3ForCausalLM": _gemma3_rope,
+    "Llama4ForCausalLM": llama4_rope,
 }
 
 # `model_type` -> architecture, for configs without `architectures`.
@@ -317,6 +320,7 @@ MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
 }
 
 # Checkpoint weight names that differ from the model's (regex, replacement), applied in order.
@@ -327,4 +331,10 @@ WEIGHT_RENAMES: dict[str, list[tuple[str, str]]] = {
         (r"(\.mlp\.experts\.\d+)\.w3\.", r"\1.up_proj."),
         (r"(\.mlp\.experts\.\d+)\.w2\.", r"\1.down_proj."),
     ],
+    "Llama4ForCausalLM": [(r"\.feed_forward\.", ".mlp.")],
+}
+
+# Checkpoint weights whose layout differs from the model's, rearranged after the renames.
+WEIGHT_LAYOUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "Llama4ForCausalLM": llama4_expert_weights,
 }

@@ -1,13 +1,15 @@
 """Norm, attention and decoder layer, numerically matching transformers' Llama-family decoders
-(Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, GPT-OSS, Mixtral, Qwen2-MoE)."""
+(Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, GPT-OSS, Mixtral, Qwen2-MoE, Llama 4)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
-from unified_attn.models.config import LayerKind, ModelConfig, NormStyle
+from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import make_mlp
 from unified_attn.models.rope import RotaryEmbedding
@@ -41,6 +43,24 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x divided by its RMS over the last dimension, in float32, without a weight (Llama 4's
+    q/k norm)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def temperature_scale(
+    positions: torch.Tensor,
+    tuning: AttnTemperature,
+    log1p: Callable[[torch.Tensor], torch.Tensor] = torch.log1p,
+) -> torch.Tensor:
+    """`[T]` float32: Llama 4's query scale at each position (its NoPE layers); `log1p`:
+    batch-invariant mode passes its own."""
+    steps = torch.floor((positions.float() + 1.0) / tuning.floor_scale)
+    return log1p(steps) * tuning.attn_scale + 1.0
+
+
 def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> LayerConfig:
     linear = kind.kind == "linear_state"  # state layers: one "KV" head per query head, no window
     return LayerConfig(
@@ -57,7 +77,9 @@ def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> Layer
 
 class Attention(nn.Module):
     """Projections, q/k norms and RoPE here; the attention itself (and the KV cache) in the
-    backend. With `fused_qkv` one `qkv_proj` (rows: q, then k, then v) replaces q/k/v_proj."""
+    backend. With `fused_qkv` one `qkv_proj` (rows: q, then k, then v) replaces q/k/v_proj.
+    `rotary_emb=None`: a NoPE layer (Llama 4), whose queries `attn_temperature` scales; the
+    RoPE layers' q and k are L2-normed after RoPE with `qk_l2_norm`."""
 
     sinks: nn.Parameter | None
     kv_scales: torch.Tensor | None
@@ -70,12 +92,14 @@ class Attention(nn.Module):
         kind: LayerKind,
         layer_config: LayerConfig,
         backend: AttentionBackend,
-        rotary_emb: RotaryEmbedding,
+        rotary_emb: RotaryEmbedding | None,
     ) -> None:
         super().__init__()
         self.layer_config = layer_config
         self.backend = backend
         self.rotary_emb = rotary_emb  # shared by all layers of the same RoPE
+        self.l2_eps = config.rms_norm_eps if config.qk_l2_norm else None
+        self.temperature = config.attn_temperature if rotary_emb is None else None
         hidden, d = config.hidden_size, config.head_size
         q_size, kv_size = config.num_heads * d, config.num_kv_heads * d
         self.split_sizes = [q_size, kv_size, kv_size]
@@ -115,7 +139,7 @@ class Attention(nn.Module):
         v = v.view(num_tokens, lc.num_kv_heads, lc.head_size)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self._position(positions, q, k)
         output = torch.empty(
             num_tokens, lc.num_heads * lc.head_size, dtype=hidden.dtype, device=hidden.device
         )
@@ -124,6 +148,29 @@ class Attention(nn.Module):
             extra["kv_scales"] = self.kv_scales
         self.backend.forward(lc, output, q, k, v, **extra)
         return self.o_proj(output)
+
+    def _position(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE (then the L2 q/k norm), or on a NoPE layer the temperature-scaled query."""
+        if self.rotary_emb is not None:
+            q, k = self.rotary_emb(positions, q, k)
+            if self.l2_eps is not None:
+                q, k = self._l2_norm(q, self.l2_eps), self._l2_norm(k, self.l2_eps)
+            return q, k
+        if self.temperature is not None:
+            scale = self._temperature_scale(positions, self.temperature)
+            q = (q * scale[:, None, None]).to(q.dtype)
+        return q, k
+
+    # The ops batch-invariant mode replaces (`models/invariant/model.py`).
+    @staticmethod
+    def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+        return l2_norm(x, eps)
+
+    @staticmethod
+    def _temperature_scale(positions: torch.Tensor, tuning: AttnTemperature) -> torch.Tensor:
+        return temperature_scale(positions, tuning)
 
 
 class DecoderLayer(nn.Module):
@@ -140,7 +187,7 @@ class DecoderLayer(nn.Module):
         kind: LayerKind,
         layer_config: LayerConfig,
         backend: AttentionBackend,
-        rotary_emb: RotaryEmbedding,
+        rotary_emb: RotaryEmbedding | None,
     ) -> None:
         super().__init__()
         eps, hidden, style = config.rms_norm_eps, config.hidden_size, config.norm_style

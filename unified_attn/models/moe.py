@@ -15,7 +15,9 @@ Two parameter layouts, transformers' own (`MoEConfig.expert_kind`):
   Qwen2-MoE's `mlp.shared_expert.*` and `mlp.shared_expert_gate.weight [1, H]`. Checkpoints
   store each expert apart (`mlp.experts.{e}.gate_proj / up_proj / down_proj.weight`; Mixtral's
   `block_sparse_moe.*` and `w1 / w3 / w2`, which `hf_families.WEIGHT_RENAMES` maps): the loader
-  stacks them (`stack_expert_weights`).
+  stacks them (`stack_expert_weights`). Llama 4 (`InputScaledMoEMLP`) uses this layout too:
+  its checkpoints' `feed_forward.experts.gate_up_proj [E, H, 2I]` and `down_proj [E, I, H]`
+  are transposed on load (`hf_llama4.llama4_expert_weights`); router `mlp.router.weight`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class TopKRouter(nn.Module):
     """Linear router (with a bias for GPT-OSS). `router_softmax="top_k"`: a softmax over the
     top-k logits only, in x's dtype (GPT-OSS); `"all"`: a float32 softmax over every expert, then
     the top-k probabilities, renormalised when `norm_topk_prob` (Mixtral, Qwen2-MoE), in float32
-    or rounded to x's dtype (`routing_weights_dtype`)."""
+    or rounded to x's dtype (`routing_weights_dtype`); `"sigmoid"`: the sigmoid of each top-k
+    logit, in float32 rounded to x's dtype (Llama 4)."""
 
     bias: nn.Parameter | None
 
@@ -58,6 +61,9 @@ class TopKRouter(nn.Module):
         if self.softmax == "top_k":
             top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)
             return self._softmax(top_logits, top_logits.dtype), top_ids
+        if self.softmax == "sigmoid":
+            top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)
+            return self._sigmoid(top_logits.float()).to(x.dtype), top_ids
         probs = self._softmax(logits, torch.float32)
         top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm:
@@ -77,6 +83,10 @@ class TopKRouter(nn.Module):
     def _sum(x: torch.Tensor) -> torch.Tensor:
         """`[T, k] -> [T, 1]`: each row's sum."""
         return x.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x)
 
 
 def _expert_weight(
@@ -288,9 +298,45 @@ class SparseMoEMLP(nn.Module):
         return torch.sigmoid(logit)
 
 
+class InputScaledMoEMLP(nn.Module):
+    """Llama 4: each chosen expert runs on the token scaled by its routing weight (the
+    router's sigmoid), `sum_j expert_j(w_j * x)`, plus an ungated shared expert."""
+
+    shared_expert: MLP | None
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        moe = config.moe
+        assert moe is not None  # ModelConfig validates mlp_kind="moe" against it
+        hidden = config.hidden_size
+        inter = moe.intermediate_size or config.intermediate_size
+        self.router = TopKRouter(hidden, moe, bias=False)
+        self.experts = RoutedExperts(moe.num_experts, hidden, inter, None)
+        shared = moe.shared_expert_intermediate_size
+        self.shared_expert = None if shared is None else MLP(hidden, shared)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x `[T, H]` -> `[T, H]`: one expert pass per choice, with weight 1 on its output."""
+        weights, ids = self.router(x)  # [T, k] each
+        ones = torch.ones_like(weights[:, :1])
+        out = self._choice(x, weights, ids, 0, ones)
+        for j in range(1, ids.shape[1]):
+            out = out + self._choice(x, weights, ids, j, ones)
+        return out if self.shared_expert is None else self.shared_expert(x) + out
+
+    def _choice(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, j: int, ones: torch.Tensor
+    ) -> torch.Tensor:
+        """Each token's `j`-th chosen expert on the token scaled by its weight: `[T, H]` (the
+        grouped kernels take contiguous expert ids)."""
+        return self.experts(x * weights[:, j : j + 1], ones, ids[:, j : j + 1].contiguous())
+
+
 def make_moe(config: ModelConfig) -> nn.Module:
-    """The mixture of experts of `config.moe.expert_kind`."""
+    """The mixture of experts of `config.moe.expert_kind` (and `scale_input`)."""
     assert config.moe is not None
+    if config.moe.scale_input:
+        return InputScaledMoEMLP(config)
     if config.moe.expert_kind == "swiglu":
         return SparseMoEMLP(config)
     return MoEMLP(config)

@@ -4,9 +4,12 @@ other dimensions do not affect the KV cache). Each family lists its own (`shapes
 
 from __future__ import annotations
 
+import attrs
+
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config
+from unified_attn.models.deepseek_v32 import DeepseekV32Config
 
 
 def _shape(
@@ -38,6 +41,10 @@ REAL_SHAPES: dict[str, ModelConfig] = {
     "llama4-scout": _shape("llama4-scout", 48, 40, 8, 128,
                            [LayerKind.full() if i % 4 == 3 else LayerKind.chunked(8192)
                             for i in range(48)], 10485760),
+    # Llama 4 Maverick (128 experts on every other layer): Scout's attention, a 1M context
+    "llama4-maverick": _shape("llama4-maverick", 48, 40, 8, 128,
+                              [LayerKind.full() if i % 4 == 3 else LayerKind.chunked(8192)
+                               for i in range(48)], 1048576),
     "mistral-7b-v0.1": _shape("mistral-7b-v0.1", 32, 32, 8, 128, [LayerKind.sliding(4096)] * 32,
                               32768),
     # Qwen3-MoE (128 experts, 8 active): the experts do not touch the KV cache
@@ -84,5 +91,13 @@ REAL_MLA_SHAPES: dict[str, DeepseekConfig] = {
         v_head_dim=128, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
         routing="greedy", norm_topk_prob=False, first_k_dense_replace=1,
         max_position_embeddings=163840,
+    ),
+}  # fmt: skip
+# DeepSeek-V3.2's attention and cache shapes (config.json of deepseek-ai/DeepSeek-V3.2-Exp):
+# DeepSeek-V3's latent plus the lightning indexer's key (128 values) per token and layer.
+REAL_V32_SHAPES: dict[str, DeepseekV32Config] = {
+    "deepseek-v3.2": DeepseekV32Config(
+        **{**attrs.asdict(REAL_MLA_SHAPES["deepseek-v3"], recurse=False), "name": "deepseek-v3.2"},
+        index_topk=2048, index_head_dim=128, index_n_heads=64,
     ),
 }  # fmt: skip

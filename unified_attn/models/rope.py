@@ -81,9 +81,19 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved RoPE (Llama 4, transformers' complex form): channels `(2i, 2i + 1)` are one
+    complex number rotated by angle i, in float32. x `[T, H, D]`, cos/sin `[T, 1, D / 2]`."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # [T, H, D / 2, 2]
+    real, imag = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+    return rotated.flatten(-2).to(x.dtype)
+
+
 class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate_half) RoPE over the whole head, with the model's global RoPE settings
-    or (`local=True`) those of its local layers (`ModelConfig.rope_of`)."""
+    """RoPE over the whole head, with the model's global RoPE settings or (`local=True`) those
+    of its local layers (`ModelConfig.rope_of`); neox-style (rotate_half) or, with
+    `rope_style="interleaved"`, on adjacent channel pairs (`rotate_pairs`)."""
 
     inv_freq: torch.Tensor
 
@@ -93,6 +103,7 @@ class RotaryEmbedding(nn.Module):
         if local and config.local_rope_theta is not None:
             theta, scaling = config.local_rope_theta, config.local_rope_scaling
         self.head_size, self.theta, self.scaling = config.head_size, theta, scaling
+        self.interleaved = config.rope_style == "interleaved"
         self.attention_scaling = rope_attention_scaling(scaling)
         self.register_buffer("inv_freq", self._compute(), persistent=False)
 
@@ -113,6 +124,16 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q `[T, Hq, D]`, k `[T, Hkv, D]` -> rotated, same shapes and dtype."""
+        if self.interleaved:
+            return self._rotate_pairs(positions, q, k)
         cos, sin = self.cos_sin(positions, q.dtype)
         cos, sin = cos[:, None, :], sin[:, None, :]
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def _rotate_pairs(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq.float()  # [T, D / 2]
+        cos = (freqs.cos() * self.attention_scaling)[:, None, :]
+        sin = (freqs.sin() * self.attention_scaling)[:, None, :]
+        return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)

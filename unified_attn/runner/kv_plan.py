@@ -19,9 +19,9 @@ from unified_attn.managers import KVCacheGroup, KVCacheManager, SchedulerKVCache
 from unified_attn.runner.page_balance import (
     balance,
     block_size_multiple,
-    bytes_per_token,
     candidate_block_sizes,
     needs_balancing,
+    page_cost,
 )
 from unified_attn.tensor_specs import KVCacheTensorSpec
 from unified_attn.utils import cdiv
@@ -124,13 +124,18 @@ def balanced_groups(buckets: dict[tuple[type, Any], list[LayerPlan]], base: int)
     `base` that its specs and backends take) and a split (`page_balance.balance`)."""
     keys = list(buckets)
     sizes = [bucket_block_sizes(buckets[key], base) for key in keys]
-    costs = [[bytes_per_token(lp.spec) for lp in buckets[key]] for key in keys]
+    costs = [[page_cost(lp.spec) for lp in buckets[key]] for key in keys]
+    choices = balance(costs, sizes)
+    # A fixed-size state's page does not depend on its block size: it takes the largest, the
+    # only boundaries where every group can hit, so it keeps no checkpoints that cannot be used.
+    largest = max(c.block_size for c in choices)
     groups = []
-    for (manager_cls, config), choice in zip(keys, balance(costs, sizes), strict=True):
-        bucket = buckets[(manager_cls, config)]
+    for key, choice, cost in zip(keys, choices, costs, strict=True):
+        bucket = buckets[key]
+        fixed = all(per_token == 0 for per_token, _ in cost)
         for part in sorted(choice.parts):
             layers = tuple(bucket[i] for i in part)
-            groups.append(GroupPlan(manager_cls, config, layers, choice.block_size))
+            groups.append(GroupPlan(*key, layers, largest if fixed else choice.block_size))
     return groups
 
 

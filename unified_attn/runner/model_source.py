@@ -85,8 +85,9 @@ def load_model(engine: Any) -> ModelSource:
     max_model_len = resolve_max_model_len(engine.max_model_len, config)
     selector_cfgs = selector_configs(config, dtype, engine)
     backend_cls = select_backend(selector_cfgs, override=engine.backend)
-    options = backend_options(engine, selector_cfgs[0].use_batch_invariant)
     family = family_of(config)
+    options = backend_options(engine, selector_cfgs[0].use_batch_invariant)
+    options |= family.state_options(config, engine.mamba_cache_mode)
     if engine.model in family.presets:  # random weights, the byte tokenizer
         model = family.build(config, backend_cls, dtype=dtype, device=device,
                              backend_options=options)  # fmt: skip

@@ -13,8 +13,11 @@ plans whose every group wastes at most `tolerance` of a block (5%, relaxed step 
 plan reaches it), the alignment, then the number of groups.
 
 A spec may declare `block_size_multiple` (tokens per cache entry, e.g. `CompressedLatentSpec`'s
-rate): its group's block size is a multiple of it. Only specs whose page grows linearly with the
-block size (token-paged caches) are balanced; `needs_balancing` says when to use this.
+rate): its group's block size is a multiple of it. A layer's page is `per_token * block_size +
+fixed` (`page_cost`): token-paged caches grow with the block size, a recurrent state
+(`StateSpec`) is fixed, so a Mamba layer's multi-MiB state is matched by attention blocks of
+many tokens (vLLM's hybrid allocator raises the attention block size the same way) rather than
+every attention block padded to the state's page. `needs_balancing` says when to use this.
 """
 
 from __future__ import annotations
@@ -48,12 +51,18 @@ def is_token_paged(spec: Any) -> bool:
     return bool(small > 0 and spec.page_size_bytes(2 * multiple) == 2 * small)
 
 
+Cost = tuple[float, float]  # a layer's page: (bytes per token, fixed bytes)
+
+
+def page_cost(spec: Any) -> Cost:
+    if is_token_paged(spec):
+        return bytes_per_token(spec), 0.0
+    return 0.0, float(spec.page_size_bytes(block_size_multiple(spec)))
+
+
 def needs_balancing(specs: Sequence[Any]) -> bool:
-    """True when every spec is token-paged and they do not all cost the same per token."""
-    if not specs or not all(is_token_paged(s) for s in specs):
-        return False
-    costs = {bytes_per_token(s) for s in specs}
-    return len(costs) > 1
+    """True when the specs do not all cost the same (per token, or fixed per block)."""
+    return len({page_cost(s) for s in specs}) > 1
 
 
 @attrs.frozen
@@ -79,14 +88,15 @@ def pack(costs: Sequence[float], num_parts: int) -> list[list[int]]:
 
 
 def bucket_choices(
-    costs: Sequence[float], block_sizes: Sequence[int], tolerance: float
+    costs: Sequence[Cost], block_sizes: Sequence[int], tolerance: float
 ) -> list[BucketChoice]:
     """Every (block size, part count) whose parts differ by at most `tolerance`."""
     choices = []
     for block_size in block_sizes:
+        pages = [per_token * block_size + fixed for per_token, fixed in costs]
         for num_parts in range(1, len(costs) + 1):
-            parts = pack(costs, num_parts)
-            sums = [sum(costs[i] for i in p) * block_size for p in parts]
+            parts = pack(pages, num_parts)
+            sums = [sum(pages[i] for i in p) for p in parts]
             if min(sums) >= (1 - tolerance) * max(sums):
                 choices.append(BucketChoice(block_size, tuple(map(tuple, parts)), *_span(sums)))
     return choices
@@ -102,9 +112,9 @@ def candidate_block_sizes(base: int, multiple: int, accepted: set[int] | None) -
 
 
 def balance(
-    costs: Sequence[Sequence[float]], block_sizes: Sequence[Sequence[int]]
+    costs: Sequence[Sequence[Cost]], block_sizes: Sequence[Sequence[int]]
 ) -> list[BucketChoice]:
-    """One choice per bucket: `costs[b]` its layers' bytes per token, `block_sizes[b]` the
+    """One choice per bucket: `costs[b]` its layers' page costs, `block_sizes[b]` the
     sizes it may use (non-empty)."""
     for tolerance in TOLERANCES:
         options = [bucket_choices(c, s, tolerance) for c, s in zip(costs, block_sizes, strict=True)]

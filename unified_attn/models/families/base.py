@@ -130,6 +130,11 @@ class ModelFamily:
             path, backend_cls, dtype=dtype, device=device, backend_options=backend_options
         )
 
+    def state_options(self, config: Any, mamba_cache_mode: str) -> dict[str, Any]:
+        """Backend options for the model's state layers (the engine's `mamba_cache_mode`);
+        {} for a model without them. The model hands them to its state backends only."""
+        return {}
+
     def source_fields(self, config: Any) -> dict[str, Any]:
         """What the engine needs to know beyond the vocabulary and EOS ids (encoder-decoder
         models: `decoder_start_token_id`, `max_encoder_len`)."""

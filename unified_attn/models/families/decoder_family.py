@@ -1,5 +1,5 @@
 """Decoder-only models of the Llama line (Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, GPT-OSS,
-Mixtral, Qwen2-MoE, the presets): `ModelConfig`, `DecoderModel`, every layer kind (full,
+Mixtral, Qwen2-MoE, Llama 4, the presets): `ModelConfig`, `DecoderModel`, every layer kind (full,
 sliding, chunked, sinks, state). Also what `plan` needs of them: full attention on every layer
 (`all_full`) and the ideal per-layer allocation."""
 
@@ -72,6 +72,11 @@ class DecoderFamily(ModelFamily):
                 for k in attention or [LayerKind.full()]
             )
         )
+
+    def state_options(self, config: ModelConfig, mamba_cache_mode: str) -> dict[str, Any]:
+        if any(kind.kind == "linear_state" for kind in config.layer_kinds):
+            return {"mamba_cache_mode": mamba_cache_mode}
+        return {}
 
     def attention_soft_cap(self, config: ModelConfig) -> float | None:
         return config.attn_logit_softcap

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from unified_attn.kernels.moe.grouped_experts import GroupedConfig, invariant_config
+from unified_attn.models.config import AttnTemperature
 from unified_attn.models.invariant.invariant_ops import (
     elementwise,
     invariant_linear,
@@ -23,11 +24,12 @@ from unified_attn.models.invariant.invariant_ops import (
     sigmoid,
     softmax,
 )
-from unified_attn.models.layers import Attention, DecoderLayer, RMSNorm
+from unified_attn.models.layers import Attention, DecoderLayer, RMSNorm, temperature_scale
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import MLP
 from unified_attn.models.moe import (
     Experts,
+    InputScaledMoEMLP,
     MoEMLP,
     RoutedExperts,
     SparseMoEMLP,
@@ -54,6 +56,10 @@ class InvariantTopKRouter(TopKRouter):
     @staticmethod
     def _softmax(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return softmax(x, dtype=dtype)
+
+    @staticmethod
+    def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+        return sigmoid(x)
 
     @staticmethod
     def _sum(x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +109,18 @@ class InvariantSparseMoEMLP(SparseMoEMLP):
         return sigmoid(logit)
 
 
+class InvariantAttention(Attention):
+    """Llama 4's weightless q/k norm and NoPE temperature, each row on its own."""
+
+    @staticmethod
+    def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+        return rms_norm(x, torch.ones(x.shape[-1], device=x.device), eps, "float32")
+
+    @staticmethod
+    def _temperature_scale(positions: torch.Tensor, tuning: AttnTemperature) -> torch.Tensor:
+        return temperature_scale(positions, tuning, lambda x: elementwise(torch.log1p, x))
+
+
 class InvariantLinearAttention(LinearAttention):
     @staticmethod
     def _normalize(x: torch.Tensor) -> torch.Tensor:
@@ -119,13 +137,14 @@ SWAPS: dict[type[nn.Module], type[nn.Module]] = {
     LinearAttention: InvariantLinearAttention,
     SparseMoEMLP: InvariantSparseMoEMLP,
     MLP: InvariantMLP,
+    Attention: InvariantAttention,
 }
 
 # Modules whose own forward only gathers, adds, multiplies element-wise or calls its children
 # (and, for `Attention`, a backend checked on its own): invariant once their children are.
 # The decoder's root and backbone join them in `_container_types` (decoder.py imports this).
 CONTAINER_TYPES: tuple[type[nn.Module], ...] = (
-    nn.ModuleList, nn.Embedding, RotaryEmbedding, DecoderLayer, Attention, MoEMLP,
+    nn.ModuleList, nn.Embedding, RotaryEmbedding, DecoderLayer, MoEMLP, InputScaledMoEMLP,
 )  # fmt: skip
 INVARIANT_TYPES = frozenset(SWAPS.values())
 

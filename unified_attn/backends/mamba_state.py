@@ -1,0 +1,170 @@
+"""Mamba-2 state layers: the causal convolution and the SSD scan, with each request's two
+states (the convolution's last inputs and the SSM state) in KV-cache state blocks.
+
+A block holds `[K - 1, conv_dim]` carried convolution inputs (model dtype) and the
+`[H, P, N]` SSM state (float32). The manager is `StateManager` (`MambaManager`): mode "none"
+keeps one block per request; "align" and "all" keep state checkpoints at block boundaries for
+prefix caching (see `managers/state.py`); where a step reads and writes is `StateRow`.
+
+`forward(layer, output, query, key, value, mixer=...)`: `query` is the convolution's input
+`xBC [T, conv_dim]`, `key` is dt `[T, H]` before the softplus, `value` is unused, `mixer` the
+layer's `Mamba2Weights`. `output [T, H * P]` receives `scan + D * x`; the model gates, norms
+and projects it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+import torch
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CacheConfig,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
+from unified_attn.backend.state_layers import Mamba2Weights
+from unified_attn.backends.mamba_math import causal_conv1d, discretize, ssd_scan, ssd_step
+from unified_attn.backends.state_rows import StateRow, state_rows
+from unified_attn.managers import StateManager
+from unified_attn.selector import SelectorConfig, register_backend
+from unified_attn.tensor_specs import StateSpec
+
+
+@attrs.frozen
+class Mamba2Plan:
+    requests: dict[int, list[StateRow]]  # host: group id -> one row per request
+
+
+@register_backend(priority={"cpu": 100, "cuda": 100})
+class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
+    """One instance serves every Mamba-2 layer of the same shape."""
+
+    name = "mamba2"
+    layer_kinds = ("mamba2",)
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_size: int,
+        dtype: torch.dtype | str,
+        num_groups: int,
+        state_size: int,
+        conv_kernel: int,
+        chunk_size: int,
+        time_step_limit: tuple[float, float] = (0.0, float("inf")),
+        mamba_cache_mode: Literal["none", "align", "all"] = "align",
+        **options: Any,
+    ) -> None:
+        super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
+        self.num_heads, self.num_groups, self.state_size = num_heads, num_groups, state_size
+        self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
+        self.time_step_limit = time_step_limit
+        self.conv_dim = num_heads * head_size + 2 * num_groups * state_size
+        self.manager_config = StateManager.Config(mamba_cache_mode=mamba_cache_mode)
+        self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
+        self.ssms: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, H, P, N] float32
+
+    @classmethod
+    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
+        if cfg.attn_type != AttentionType.DECODER:
+            return [f"attention type {cfg.attn_type.value} is not supported"]
+        return []
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        return False  # the chunked scan's bits depend on where a step's chunks begin
+
+    def get_cache_config(self) -> CacheConfig:
+        spec = StateSpec(
+            shapes=[
+                (self.conv_kernel - 1, self.conv_dim),
+                (self.num_heads, self.head_size, self.state_size),
+            ],
+            dtypes=[self.dtype, "float32"],
+        )
+        return StateManager, self.manager_config, spec
+
+    def check_layer(self, layer: LayerConfig) -> None:
+        if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
+            raise ValueError(
+                f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
+                f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
+            )
+
+    def prep_forward(
+        self,
+        common: CommonAttentionMetadata,
+        block_tables: dict[int, torch.Tensor],
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        mode = self.manager_config.mamba_cache_mode
+        groups = set(self.group_of_layer.values())
+        self.plan = Mamba2Plan(
+            {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
+             for gid in groups}
+        )  # fmt: skip
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        self.convs = {name: views[0] for name, views in kv_caches.items()}
+        self.ssms = {name: views[1] for name, views in kv_caches.items()}
+        self.group_of_layer = dict(block_table_map)
+
+    def forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        weights: Mamba2Weights = kwargs["mixer"]
+        rows = self.current_plan().requests[self.group_of_layer[layer.name]]
+        convs, ssms = self.convs[layer.name], self.ssms[layer.name]
+        dt = discretize(key, weights.dt_bias, self.time_step_limit)  # [T, H] float32
+        out = output.view(-1, self.num_heads, self.head_size)
+        for row in rows:
+            inputs, before = query[row.start : row.end], self._read(convs, row.read)
+            xbc, carried = causal_conv1d(inputs, before, weights.conv_weight, weights.conv_bias)
+            y = self._scan(xbc, dt[row.start : row.end], weights, ssms, row)
+            out[row.start : row.end] = y.to(out.dtype)
+            convs[row.write] = carried.to(convs.dtype)
+            if row.checkpoints:  # the inputs before each checkpoint's row
+                window = torch.cat([before.to(inputs.dtype), inputs])
+                for rows_done, block in row.checkpoints:
+                    convs[block] = window[rows_done : rows_done + self.conv_kernel - 1]
+        return output
+
+    def _scan(
+        self, xbc: torch.Tensor, dt: torch.Tensor, weights: Mamba2Weights, ssms: torch.Tensor,
+        row: StateRow,
+    ) -> torch.Tensor:  # fmt: skip
+        """One request's convolved rows through the SSD scan; writes its states."""
+        inner, bc = self.num_heads * self.head_size, self.num_groups * self.state_size
+        x, B, C = xbc.split([inner, bc, bc], dim=-1)
+        x = x.view(-1, self.num_heads, self.head_size)
+        B, C = (t.reshape(-1, self.num_groups, self.state_size) for t in (B, C))
+        state = self._read(ssms, row.read)
+        if len(x) == 1:
+            y, new = ssd_step(x, dt, weights.A, B, C, state[None])
+            y, state = y[0], new[0]
+        else:
+            ends = tuple(end for end, _ in row.checkpoints)
+            y, state, saved = ssd_scan(
+                x, dt, weights.A, B, C, state, self.chunk_size, row.offset, ends
+            )
+            for (_, block), checkpoint in zip(row.checkpoints, saved, strict=True):
+                ssms[block] = checkpoint
+        ssms[row.write] = state
+        return y + weights.D.float()[:, None] * x.float()
+
+    @staticmethod
+    def _read(states: torch.Tensor, block: int | None) -> torch.Tensor:
+        if block is None:
+            return torch.zeros(states.shape[1:], dtype=states.dtype, device=states.device)
+        return states[block].clone()
