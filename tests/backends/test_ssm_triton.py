@@ -216,10 +216,8 @@ def test_one_step_scan_equals_the_decode_update():
     y2 = ssd_scan_varlen(**inp, query_start_loc=qsl_of([1, 1, 1]), offsets=int32([5, 16, 0]),
                          ssm_states=states2, read_slots=int32(reads),
                          write_slots=int32([3, 4, 5]), chunk_size=16)  # fmt: skip
-    # the scan's float32 `tl.dot`s run in TF32 on a GPU (the interpreter is exact)
-    tol = 2e-3 if DEVICE == "cuda" else 1e-5
-    assert rel_err(y1, y2) < tol
-    assert rel_err(states, states2) < tol
+    assert rel_err(y1, y2) < 1e-5
+    assert rel_err(states, states2) < 1e-5
 
 
 # ---- input checks ----------------------------------------------------------------------------

@@ -10,6 +10,9 @@ prefix caching (see `managers/state.py`); where a step reads and writes is `Stat
 `xBC [T, conv_dim]`, `key` is dt `[T, H]` before the softplus, `value` is unused, `mixer` the
 layer's `Mamba2Weights`. `output [T, H * P]` receives `scan + D * x`; the model gates, norms
 and projects it.
+
+On CUDA the Triton kernels run (`mamba_device.py`) and decode steps are captured in CUDA
+graphs; on the CPU, the torch forms of `mamba_math.py`, request by request.
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ from unified_attn.backend import (
     LayerConfig,
 )
 from unified_attn.backend.state_layers import Mamba2Weights
+from unified_attn.backends.mamba_device import (
+    DeviceSlots,
+    decode,
+    device_slots,
+    host_slots,
+    varlen,
+)
 from unified_attn.backends.mamba_math import causal_conv1d, discretize, ssd_scan, ssd_step
 from unified_attn.backends.state_rows import StateRow, state_rows
 from unified_attn.managers import StateManager
@@ -36,7 +46,11 @@ from unified_attn.tensor_specs import StateSpec
 
 @attrs.frozen
 class Mamba2Plan:
-    requests: dict[int, list[StateRow]]  # host: group id -> one row per request
+    requests: dict[int, list[StateRow]]  # host: group id -> one row per request (torch path)
+    # CUDA: group id -> the step's slots for the kernels; None: the torch path
+    slots: dict[int, DeviceSlots] | None = None
+    query_start_loc: torch.Tensor | None = None  # device [R + 1] int32 (varlen steps)
+    decode: bool = False  # one token per request: the one-token kernels
 
 
 @register_backend(priority={"cpu": 100, "cuda": 100})
@@ -68,6 +82,10 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         self.manager_config = StateManager.Config(mamba_cache_mode=mamba_cache_mode)
         self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
         self.ssms: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, H, P, N] float32
+        self.on_cuda = False
+        # the Triton scan takes chunks of a power of two >= 16 (real models: 128, 256); other
+        # sizes run the torch scan (decode steps take the kernels whatever the chunk)
+        self.kernel_scan = chunk_size >= 16 and not chunk_size & (chunk_size - 1)
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -78,6 +96,14 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
     @classmethod
     def supports_batch_invariance(cls) -> bool:
         return False  # the chunked scan's bits depend on where a step's chunks begin
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        return True  # decode: the one-token kernels over slots the plan computes on the device
+
+    @classmethod
+    def plans_inside_cuda_graphs(cls) -> bool:
+        return True  # a graph step's slots come from seq_lens and the block tables alone
 
     def get_cache_config(self) -> CacheConfig:
         spec = StateSpec(
@@ -104,15 +130,28 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
     ) -> None:
         mode = self.manager_config.mamba_cache_mode
         groups = set(self.group_of_layer.values())
-        self.plan = Mamba2Plan(
-            {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
-             for gid in groups}
-        )  # fmt: skip
+        if common.graph_step:  # device work only: captured with the forward
+            self.plan = Mamba2Plan({}, {
+                gid: device_slots(common.seq_lens, block_tables[gid], common.block_sizes[gid],
+                                  mode) for gid in groups}, decode=True)  # fmt: skip
+            return
+        rows = {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
+                for gid in groups}  # fmt: skip
+        slots = None
+        decode_step = common.max_query_len == 1
+        if self.on_cuda and (decode_step or self.kernel_scan):
+            device = common.query_start_loc.device
+            planned = {gid: host_slots(rows[gid], self.chunk_size, device) for gid in groups}
+            if all(s is not None for s in planned.values()):
+                slots = {gid: s for gid, s in planned.items() if s is not None}
+        self.plan = Mamba2Plan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
+                               decode=decode_step)  # fmt: skip
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.convs = {name: views[0] for name, views in kv_caches.items()}
         self.ssms = {name: views[1] for name, views in kv_caches.items()}
         self.group_of_layer = dict(block_table_map)
+        self.on_cuda = any(v.device.type == "cuda" for v in self.ssms.values())
 
     def forward(
         self,
@@ -124,8 +163,20 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         **kwargs: Any,
     ) -> torch.Tensor:
         weights: Mamba2Weights = kwargs["mixer"]
-        rows = self.current_plan().requests[self.group_of_layer[layer.name]]
+        plan, gid = self.current_plan(), self.group_of_layer[layer.name]
         convs, ssms = self.convs[layer.name], self.ssms[layer.name]
+        if plan.slots is not None:
+            shape = (self.num_heads, self.head_size, self.num_groups, self.state_size)
+            if plan.decode:
+                y = decode(query, key, weights, convs, ssms, plan.slots[gid], shape,
+                           self.time_step_limit)  # fmt: skip
+            else:
+                assert plan.query_start_loc is not None
+                y = varlen(query, key, weights, convs, ssms, plan.slots[gid],
+                           plan.query_start_loc, shape, self.chunk_size, self.time_step_limit)
+            output.view(y.shape).copy_(y)
+            return output
+        rows = plan.requests[gid]
         dt = discretize(key, weights.dt_bias, self.time_step_limit)  # [T, H] float32
         out = output.view(-1, self.num_heads, self.head_size)
         for row in rows:

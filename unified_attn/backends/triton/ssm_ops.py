@@ -223,6 +223,7 @@ def _launch_scan(
     num_requests, num_groups, state_dim = qsl.shape[0] - 1, B.shape[1], B.shape[2]
     max_chunks = max(1, min(num_tokens, num_tokens // chunk + 2 * num_requests))
     dev, f32 = x.device, torch.float32
+    dot = "ieee" if x.dtype == f32 else "tf32"  # float32 models get float32 products
     plan = torch.empty(3, max_chunks, dtype=torch.int32, device=dev)  # request, start, rows
     first_chunk = torch.empty(num_requests, dtype=torch.int32, device=dev)
     ssd_chunked.chunk_plan_kernel[(triton.cdiv(max_chunks, 64),)](
@@ -241,7 +242,7 @@ def _launch_scan(
     ssd_chunked.chunk_bmm_kernel[((chunk // bm) ** 2, max_chunks, num_groups)](
         B, C, plan[0], plan[1], plan[2], cb, B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         cb.stride(0), cb.stride(1), STATE_DIM=state_dim, CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bm,
-        BLOCK_N=block_n, num_warps=4,
+        BLOCK_N=block_n, DOT=dot, num_warps=4,
     )  # fmt: skip
     states = torch.empty(max_chunks, num_heads, head_dim, state_dim, dtype=f32, device=dev)
     block_p = min(64, _pow2(head_dim))
@@ -251,7 +252,7 @@ def _launch_scan(
         B.stride(0), B.stride(1), dt_c.stride(0), dt_c.stride(1), states.stride(0),
         states.stride(1), states.stride(2), HEADS_PER_GROUP=num_heads // num_groups,
         HEAD_DIM=head_dim, STATE_DIM=state_dim, CHUNK=chunk, BLOCK_P=block_p,
-        BLOCK_N=block_n, BLOCK_L=min(64, chunk), num_warps=4,
+        BLOCK_N=block_n, BLOCK_L=min(64, chunk), DOT=dot, num_warps=4,
     )  # fmt: skip
     ckpt = checkpoints if checkpoints is not None else first_chunk[:, None]
     size = head_dim * state_dim
@@ -272,7 +273,7 @@ def _launch_scan(
         dt_c.stride(1), states.stride(0), states.stride(1), states.stride(2), y.stride(0),
         y.stride(1), HEADS_PER_GROUP=num_heads // num_groups, HEAD_DIM=head_dim,
         STATE_DIM=state_dim, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=block_p, BLOCK_K=bm,
-        BLOCK_N=block_n, num_warps=4, num_stages=1,
+        BLOCK_N=block_n, DOT=dot, num_warps=4, num_stages=1,
     )  # fmt: skip
 
 

@@ -124,6 +124,7 @@ def chunk_bmm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT: tl.constexpr,  # tl.dot input precision: "ieee" for float32 inputs
 ):
     chunk = tl.program_id(1)
     tiles_k = CHUNK // BLOCK_K
@@ -146,7 +147,7 @@ def chunk_bmm_kernel(
         n_ok = n < STATE_DIM
         c = tl.load(c_rows + n[None, :], mask=(m < length)[:, None] & n_ok[None, :], other=0.0)
         b = tl.load(b_rows + n[:, None], mask=(k < length)[None, :] & n_ok[:, None], other=0.0)
-        acc = tl.dot(c, b, acc)
+        acc = tl.dot(c, b, acc, input_precision=DOT)
     tl.store(cb_ptr + chunk * stride_cbc + group * stride_cbg + m[:, None] * CHUNK
              + k[None, :], acc)  # fmt: skip
 
@@ -177,6 +178,7 @@ def chunk_state_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    DOT: tl.constexpr,  # tl.dot input precision: "ieee" for float32 inputs
 ):
     """The chunk's own state: `sum_l x_l^T (dt_l * exp(log_decay[last] - log_decay[l]) B_l)`."""
     head = tl.program_id(0)
@@ -203,7 +205,8 @@ def chunk_state_kernel(
         dt = tl.load(dt_ptr + per_chunk + rows, mask=row_ok, other=0.0)
         log_decay = tl.load(log_decay_ptr + per_chunk + rows, mask=row_ok, other=0.0)
         scale = tl.where(row_ok, dt * tl.exp(total - log_decay), 0.0)
-        acc = tl.dot(x, (b.to(tl.float32) * scale[:, None]).to(x.dtype), acc)
+        scaled = (b.to(tl.float32) * scale[:, None]).to(x.dtype)
+        acc = tl.dot(x, scaled, acc, input_precision=DOT)
     tile_ok = (p < HEAD_DIM)[:, None] & (n < STATE_DIM)[None, :]
     tl.store(states_ptr + chunk * stride_sc + head * stride_sh + p[:, None] * stride_sp
              + n[None, :], acc, mask=tile_ok)  # fmt: skip
@@ -299,6 +302,7 @@ def chunk_scan_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DOT: tl.constexpr,  # tl.dot input precision: "ieee" for float32 inputs
 ):
     """Program (head, tile of rows x head dims, chunk); heads vary fastest so the heads of a
     group, which share C and CB, run side by side."""
@@ -330,7 +334,7 @@ def chunk_scan_kernel(
         c = tl.load(C_ptr + (start + m)[:, None] * stride_ct + group * stride_cg + n[None, :],
                     mask=m_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
         s = tl.load(state_tile + n[:, None], mask=n_ok[:, None] & p_ok[None, :], other=0.0)
-        acc = tl.dot(c, s.to(x_dtype), acc)
+        acc = tl.dot(c, s.to(x_dtype), acc, input_precision=DOT)
     acc *= tl.exp(log_decay_m)[:, None]
 
     # the chunk's own rows, causal: (C_m B_k) exp(log_decay_m - log_decay_k) dt_k x_k
@@ -345,7 +349,7 @@ def chunk_scan_kernel(
         weight = tl.where(m[:, None] >= k[None, :], cb * tl.exp(gap) * dt_k[None, :], 0.0)
         x = tl.load(x_ptr + (start + k)[:, None] * stride_xt + head * stride_xh + p[None, :],
                     mask=k_ok[:, None] & p_ok[None, :], other=0.0)  # fmt: skip
-        acc = tl.dot(weight.to(x_dtype), x, acc)
+        acc = tl.dot(weight.to(x_dtype), x, acc, input_precision=DOT)
 
     rows_ok = m_ok[:, None] & p_ok[None, :]
     x_m = tl.load(x_ptr + (start + m)[:, None] * stride_xt + head * stride_xh + p[None, :],
