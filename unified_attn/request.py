@@ -66,6 +66,9 @@ class Request:
         self.stop_reason: int | str | None = None
         # Speculative decoding: draft tokens proposed for the next step (decode only).
         self.spec_token_ids: list[int] = []
+        # State layers with speculative decoding: the column of the request's state table that
+        # holds its state, the last token its previous step kept (`backends/state_rows.py`)
+        self.state_column = 0
         # Requests that need logits of every prompt position recompute the whole prompt.
         self.skip_reading_prefix_cache = False
         # Prompt tokens its first admission found in the prefix cache (-1: not admitted yet).

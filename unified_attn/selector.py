@@ -36,6 +36,7 @@ _BUILTIN_MODULES = (
     "unified_attn.backends.triton",
     "unified_attn.backends.linear_state",
     "unified_attn.backends.mamba_state",
+    "unified_attn.backends.gated_delta_state",
     "unified_attn.backends.mla",
     "unified_attn.backends.sparse_mla",
     "unified_attn.backends.triton.mla_backend",

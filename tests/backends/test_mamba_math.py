@@ -45,8 +45,12 @@ def test_scan_checkpoints_are_the_states_after_those_tokens():
     for end, got in zip((5, 13, 24), saved, strict=True):
         _, expected, _ = ssd_scan(x[:end], dtd[:end], A, B, C, state, 3)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="chunk ends"):
-        ssd_scan(x, dtd, A, B, C, state, 8, checkpoints=(12,))
+    # a checkpoint between chunk ends splits the chunk: the state after 12 rows
+    _, _, (after_12,) = ssd_scan(x, dtd, A, B, C, state, 8, checkpoints=(12,))
+    _, expected, _ = ssd_scan(x[:12], dtd[:12], A, B, C, state, 5)
+    torch.testing.assert_close(after_12, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="row counts"):
+        ssd_scan(x, dtd, A, B, C, state, 8, checkpoints=(0,))
 
 
 def test_step_matches_transformers_state_update():

@@ -1,7 +1,8 @@
-"""Mamba-2 hybrids (Mamba2, Bamba, Nemotron-H) on the GPU (run through the device tool): the
-Triton state kernels in eager prefill (varlen convolution and chunked scan, with "all" mode's
-checkpoints) and in decode steps replayed from CUDA graphs give transformers' greedy tokens and
-logits in float32, with prefix hits in every cache mode."""
+"""Mamba-2 hybrids (Mamba2, Bamba, Nemotron-H with and without MoE blocks, Granite-4.0-H) on
+the GPU (run through the device tool): the Triton state kernels in eager prefill (varlen
+convolution and chunked scan, with "all" mode's checkpoints) and in decode steps replayed from
+CUDA graphs give transformers' greedy tokens and logits in float32, with prefix hits in every
+cache mode."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 # all channels instead of per group, which only agrees with a grouped norm for one group.
 CHUNK = {"mamba2": {"chunk_size": 16, "n_groups": 1},
          "bamba": {"mamba_chunk_size": 16, "mamba_n_groups": 1},
-         "nemotron-h": {"chunk_size": 16, "n_groups": 1}}  # fmt: skip
+         "nemotron-h": {"chunk_size": 16, "n_groups": 1},
+         "nemotron-h-moe": {"chunk_size": 16, "n_groups": 1},
+         "granite-4.0-h": {"mamba_chunk_size": 16, "mamba_n_groups": 1}}  # fmt: skip
 PREFIX = [(7 * j) % 90 + 4 for j in range(64)]
 PROMPTS = [[*PREFIX, 5, 6, 7], PREFIX[:32] + [9] * 5, PREFIX[:40] + [3] * 7, [11] * 12]
 
@@ -31,7 +34,7 @@ def check(hf, prompts, outputs):
                                    rtol=1e-3, atol=1e-3)  # fmt: skip
 
 
-@pytest.mark.parametrize("family", ["mamba2", "bamba", "nemotron-h"])
+@pytest.mark.parametrize("family", sorted(CHUNK))
 @pytest.mark.parametrize("mode", ["align", "all", "none"])
 def test_state_kernels_give_transformers_tokens_and_logits(family, mode, tmp_path):
     hf = make_family_model(family, **CHUNK[family])

@@ -201,6 +201,55 @@ STATE_FAMILIES: dict[str, tuple[str, dict[str, Any], dict[str, float]]] = {
              chunk_size=8),
         {},
     ),
+    # Qwen3-Next: gated delta-net layers (2 key heads of 16, each shared by 2 value heads of
+    # 16, a 4-tap convolution) around a gated attention layer (heads of 32, RoPE on a quarter
+    # of each; its pages balance the states' at 32-token blocks); every MLP sparse (4
+    # experts, top 2, a sigmoid-gated shared expert). The larger dt_bias spread gives some
+    # heads a slow decay (a long memory), others a fast one; the zero-centred norms scale by
+    # about 1.1, not 2 (as trained ones: small weights).
+    "qwen3-next": (
+        "qwen3_next",
+        dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+             layer_types=["linear_attention", "full_attention", "linear_attention",
+                          "linear_attention"],
+             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+             shared_expert_intermediate_size=48),
+        {"layernorm.weight": 0.1, "_norm.weight": 0.1, "model.norm.weight": 0.1,
+         "mlp.gate.weight": 3.0, "mlp.shared_expert_gate.weight": 3.0, "dt_bias": 20.0},
+    ),
+    # Nemotron-H with MoE blocks (Nemotron-3-Nano): M, E, *, E; 4 squared-ReLU experts in 2
+    # groups, top 2 from the best group, sigmoid scores renormalised and scaled, shared expert
+    "nemotron-h-moe": (
+        "nemotron_h",
+        dict(layers_block_type=["mamba", "moe", "attention", "moe"], head_dim=16,
+             mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16,
+             chunk_size=8, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+             moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+             routed_scaling_factor=2.5),
+        {"mixer.gate.weight": 3.0},
+    ),
+    # Granite-4.0-H: a Mamba layer and a NoPE attention layer (as the released models), each
+    # with an MoE (4 experts, top 2) plus a shared SwiGLU MLP; Granite's four multipliers
+    "granite-4.0-h": (
+        "granitemoehybrid",
+        dict(num_hidden_layers=2, layer_types=["mamba", "attention"], mamba_n_heads=8,
+             mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=8,
+             num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+             shared_intermediate_size=48, embedding_multiplier=4.0, residual_multiplier=0.5,
+             attention_multiplier=0.125, logits_scaling=2.0),
+        {"block_sparse_moe.router.weight": 10.0},
+    ),
+    # Granite-4.0-H dense (num_local_experts=0: the shared MLP alone) with RoPE, attention first
+    "granite-4.0-h-dense-rope": (
+        "granitemoehybrid",
+        dict(num_hidden_layers=2, layer_types=["attention", "mamba"], mamba_n_heads=8,
+             mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_chunk_size=8,
+             num_local_experts=0, shared_intermediate_size=48, position_embedding_type="rope",
+             embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.125,
+             logits_scaling=2.0),
+        {},
+    ),
 }
 
 

@@ -34,6 +34,7 @@ SUPPORTED = [
     "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM",
 ]
 
 

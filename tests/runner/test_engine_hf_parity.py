@@ -24,12 +24,18 @@ CASES = {
     "mamba2": ("family", {}),  # Mamba-2 state layers only: scan chunks of 8
     "bamba": ("family", {}),  # a Mamba-2 layer and an attention layer with partial RoPE
     "nemotron-h": ("family", {}),  # Mamba-2, squared-ReLU MLP and NoPE attention blocks
+    # gated delta-net layers, a gated attention layer with partial RoPE, MoE + shared expert
+    "qwen3-next": ("family", {}),
+    "nemotron-h-moe": ("family", {}),  # + MoE blocks: sigmoid-grouped routing, relu2 experts
+    "granite-4.0-h": ("family", {}),  # Mamba + NoPE attention, MoE + shared MLP, multipliers
+    "granite-4.0-h-dense-rope": ("family", {}),  # no experts (shared MLP only), RoPE
     # chunked (8) RoPE layers, a NoPE layer with temperature tuning, sigmoid-routed MoE
     "llama4": ("family", {}),
 }
-# State layers keep one recurrent state per request: speculative decoding refuses them
-# (test_speculation_refuses_state_layers).
-STATE_CASES = {"mamba2", "bamba", "nemotron-h"}
+# State layers: speculative decoding in tests/runner/test_state_speculation.py (a state slot per
+# draft token); a draft model with state layers is refused.
+STATE_CASES = {"mamba2", "bamba", "nemotron-h", "qwen3-next", "nemotron-h-moe", "granite-4.0-h",
+               "granite-4.0-h-dense-rope"}  # fmt: skip
 NUM_TOKENS = 32
 # Ample for these tests (a block of the tiny models is a few KiB), and quick to set up: the
 # block pool's host bookkeeping grows with the number of blocks.
@@ -134,8 +140,13 @@ def test_draft_model_speculation_matches_transformers(spec_checkpoint):
     assert engine.stats.spec_acceptance_rate > 0.5
 
 
-def test_speculation_refuses_state_layers(tmp_path_factory):
+def test_speculation_over_state_layers_needs_mode_none(tmp_path_factory):
+    """Speculation over state layers runs in mode "none" (tests/runner/test_state_speculation.py);
+    an explicit prefix-caching mode is refused, and so is a draft model with state layers."""
     _, path = build("bamba", tmp_path_factory)
-    with pytest.raises(ValueError, match="cannot roll back rejected drafts in state layers"):
+    with pytest.raises(ValueError, match="needs mamba_cache_mode='none', got 'align'"):
         LLMEngine(str(path), kv_cache_memory=MEMORY, speculative_method="ngram",
-                  num_speculative_tokens=4)  # fmt: skip
+                  num_speculative_tokens=4, mamba_cache_mode="align")  # fmt: skip
+    with pytest.raises(ValueError, match="has state layers"):
+        LLMEngine("tiny-llama", kv_cache_memory=MEMORY, speculative_method="draft",
+                  draft_model=str(path), num_speculative_tokens=2)  # fmt: skip

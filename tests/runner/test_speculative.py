@@ -126,7 +126,8 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there():
         (dict(speculative_method="eagle", num_speculative_tokens=3), "methods are ngram, draft"),
         (dict(speculative_method="ngram"), "needs num_speculative_tokens, a positive int"),
         (dict(num_speculative_tokens=3), "needs speculative_method"),
-        (dict(model="hybrid-linear", **SPEC), "cannot roll back rejected drafts in state"),
+        (dict(model="hybrid-linear", mamba_cache_mode="align", **SPEC),
+         "over state layers .* needs mamba_cache_mode='none', got 'align'"),
     ],
 )
 def test_settings_and_models_speculation_cannot_serve_are_refused(options, message):

@@ -81,6 +81,11 @@ class CommonAttentionMetadata:
     # A CUDA-graph decode step (capture and replays): every row, padding included, has
     # `max_query_len` tokens; the `*_cpu` fields are placeholders (plan from the device ones).
     graph_step: bool = False
+    # Speculative decoding over state layers (`StateManager` mode "none" with a slot per draft
+    # token): each request's draft tokens verified this step, and the column of its state table
+    # holding its state (the last token kept by its previous step). None: no drafts.
+    num_drafts_cpu: torch.Tensor | None = None  # host [B] int32
+    state_columns_cpu: torch.Tensor | None = None  # host [B] int32
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:

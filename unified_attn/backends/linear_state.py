@@ -55,11 +55,14 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         head_size: int,
         dtype: torch.dtype | str,
         mamba_cache_mode: Literal["none", "align", "all"] = "align",
+        num_speculative_blocks: int = 0,
         **options: Any,
     ) -> None:
         super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
         self.num_heads = num_heads
-        self.manager_config = StateManager.Config(mamba_cache_mode=mamba_cache_mode)
+        self.manager_config = StateManager.Config(
+            mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
+        )
         self.states: dict[str, torch.Tensor] = {}  # layer name -> [num_blocks, H, D, D] float32
 
     @classmethod

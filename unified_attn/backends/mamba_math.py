@@ -49,25 +49,26 @@ def ssd_scan(
     checkpoints: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """One request's new tokens through the SSD scan, a chunk at a time (exact). Chunks end
-    at absolute positions that are multiples of `chunk_size`: the request has `offset` tokens
-    before x, so its first chunk may be shorter.
+    at absolute positions that are multiples of `chunk_size` (the request has `offset` tokens
+    before x, so its first chunk may be shorter) and at each checkpoint.
 
     x `[T, H, P]`, dt `[T, H]` float32 (discretized), A `[H]` float32 (negative), B and C
     `[T, G, N]`, state `[H, P, N]` float32 (the state before x) -> (y `[T, H, P]` float32,
     without the D skip; the state after the last token; the states after each row count in
-    `checkpoints`, which must be chunk ends or T)."""
+    `checkpoints`, each in `[1, T]`)."""
     num_heads, num_tokens = x.shape[1], x.shape[0]
+    if any(not 0 < c <= num_tokens for c in checkpoints):
+        raise ValueError(f"checkpoints {checkpoints} are not row counts in [1, {num_tokens}]")
     Bh, Ch = _heads(B, num_heads), _heads(C, num_heads)
     outputs, saved = [], []
-    ends = [*range(chunk_size - offset % chunk_size, num_tokens, chunk_size), num_tokens]
+    grid = range(chunk_size - offset % chunk_size, num_tokens, chunk_size)
+    ends = sorted({*grid, *checkpoints, num_tokens})
     for begin, end in zip([0, *ends[:-1]], ends, strict=True):
         y, state = _chunk(x[begin:end].float(), dt[begin:end], A, Bh[begin:end],
                           Ch[begin:end], state)  # fmt: skip
         outputs.append(y)
         if end in checkpoints:
             saved.append(state)
-    if len(saved) != len(checkpoints):
-        raise ValueError(f"checkpoints {checkpoints} are not all chunk ends of {num_tokens} rows")
     return torch.cat(outputs), state, saved
 
 

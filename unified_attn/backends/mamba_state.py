@@ -72,6 +72,7 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         chunk_size: int,
         time_step_limit: tuple[float, float] = (0.0, float("inf")),
         mamba_cache_mode: Literal["none", "align", "all"] = "align",
+        num_speculative_blocks: int = 0,
         **options: Any,
     ) -> None:
         super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
@@ -79,7 +80,9 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
         self.time_step_limit = time_step_limit
         self.conv_dim = num_heads * head_size + 2 * num_groups * state_size
-        self.manager_config = StateManager.Config(mamba_cache_mode=mamba_cache_mode)
+        self.manager_config = StateManager.Config(
+            mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
+        )
         self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
         self.ssms: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, H, P, N] float32
         self.on_cuda = False

@@ -137,10 +137,11 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument(
         "--mamba-cache-mode",
-        default="align",
+        default=None,
         choices=STATE_CACHE_MODES,
         help="state layers' prefix caching: align (vLLM's: a checkpoint when a step ends on a "
-        "block boundary), all (at every boundary a step crosses), none",
+        "block boundary), all (at every boundary a step crosses), none (default: none with "
+        "speculative decoding, else align)",
     )
     run.add_argument("--batch-invariant", action="store_true", help="only batch-invariant backends")
     run.add_argument("--json", action="store_true", help="print the report as JSON only")

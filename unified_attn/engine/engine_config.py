@@ -41,8 +41,9 @@ class EngineConfig:
     kv_cache_eviction: str = attrs.field(default="lru")
     # state layers (Mamba, linear attention): "align" (vLLM's with prefix caching) checkpoints
     # a state when a step ends on a block boundary, "all" at every boundary a step crosses,
-    # "none" keeps one state per request and caches none (docs/hybrid-models.md)
-    mamba_cache_mode: str = attrs.field(default="align")
+    # "none" keeps one state per request (and a slot per draft token) and caches none; None:
+    # "none" with speculative decoding, else "align" (docs/hybrid-models.md)
+    mamba_cache_mode: str | None = attrs.field(default=None)
     batch_invariant: bool = False
     # "auto": the model dtype; "fp8" (or "fp8_e4m3"): float8 e4m3 with per-layer scales, half
     # the bytes of bfloat16 (docs/kv-cache.md, "fp8 KV cache")
@@ -81,8 +82,8 @@ class EngineConfig:
         kv_cache_dtype_name(value)  # a ValueError naming the choices
 
     @mamba_cache_mode.validator
-    def _check_mamba_mode(self, _attribute: Any, value: str) -> None:
-        if value not in STATE_CACHE_MODES:
+    def _check_mamba_mode(self, _attribute: Any, value: str | None) -> None:
+        if value is not None and value not in STATE_CACHE_MODES:
             raise ValueError(
                 f"mamba_cache_mode={value!r} is not a mode; pick one of "
                 f"{', '.join(STATE_CACHE_MODES)} ('align' is vLLM's with prefix caching)"

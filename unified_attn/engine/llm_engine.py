@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
+
 from unified_attn.distributed.tp_group import TensorParallelGroup, serve_launched_rank
 from unified_attn.distributed.tp_rank import (
     agree_on_blocks,
@@ -45,7 +47,7 @@ from unified_attn.engine.request_intake import (
     request_id_list,
 )
 from unified_attn.engine.request_tracker import RequestTracker
-from unified_attn.managers import KVCacheManager
+from unified_attn.managers import KVCacheManager, StateManager
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
 from unified_attn.models.invariant import require_batch_invariant
@@ -132,6 +134,10 @@ class LLMEngine(KVCacheAccess):
             eos_token_ids=source.eos_token_ids,
         )
         k = 0 if self.drafter is None else self.drafter.num_speculative_tokens
+        if k and any(issubclass(g.manager_cls, StateManager) for g in self.worker.plan.groups):
+            # a state layer's read and write columns depend on the previous step's accepted
+            # drafts, which the graphs' device-side plan does not see: decode runs eagerly
+            config = attrs.evolve(config, cuda_graphs=False)
         # decode steps verifying k drafts per request replay graphs too
         self.runner = make_rank_runner(config, source, self.worker, (1, 1 + k) if k else (1,))
         self.stats = EngineStats()

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import attrs
 
+from unified_attn.models.gated_delta_config import GatedDeltaConfig
 from unified_attn.utils import (
     optional_positive,
     optional_positive_int,
@@ -14,7 +15,7 @@ from unified_attn.utils import (
     positive_int,
 )
 
-LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear_state"]
+LayerKindName = Literal["full", "sliding", "chunked", "streaming", "linear_state", "gated_delta"]
 RopeType = Literal["llama3", "linear", "yarn"]
 NormStyle = Literal["llama", "gemma", "float32"]
 MLPKind = Literal["swiglu", "geglu", "moe"]
@@ -56,7 +57,8 @@ class LayerKind:
     `chunked`: keys in the query's chunk `[p // chunk * chunk, p]`. `streaming` (StreamingLLM):
     the window plus the first `sink_tokens` tokens, kept forever (`StreamingSinkManager`).
     `linear_state`: gated linear attention whose state lives in KV-cache state blocks
-    (`LinearStateBackend`, `StateManager`). `has_sinks`: the layer owns a
+    (`LinearStateBackend`, `StateManager`). `gated_delta`: Qwen3-Next's gated delta-net
+    (`GatedDeltaStateBackend`, shapes in `ModelConfig.gated_delta`). `has_sinks`: the layer owns a
     learned per-head sink logit (`self_attn.sinks [num_heads]`, GPT-OSS) that takes probability
     mass without contributing a value. Later per-layer features are new optional fields here,
     defaulting to "off".
@@ -75,6 +77,7 @@ class LayerKind:
             "chunked": (False, True),
             "streaming": (True, False),
             "linear_state": (False, False),
+            "gated_delta": (False, False),
         }
         if self.kind not in needs:
             raise ValueError(f"LayerKind.kind must be one of {sorted(needs)}, got {self.kind!r}")
@@ -82,7 +85,7 @@ class LayerKind:
             raise ValueError(
                 f"LayerKind({self.kind!r}) got window={self.window}, chunk={self.chunk}: "
                 "'sliding' and 'streaming' need exactly a window, 'chunked' exactly a chunk, "
-                "'full' and 'linear_state' neither"
+                "'full' and the state kinds neither"
             )
         if (self.kind == "streaming") != (self.sink_tokens > 0) or self.sink_tokens < 0:
             raise ValueError(
@@ -109,6 +112,15 @@ class LayerKind:
     @classmethod
     def linear_state(cls) -> LayerKind:
         return cls("linear_state")
+
+    @classmethod
+    def gated_delta(cls) -> LayerKind:
+        return cls("gated_delta")
+
+    @property
+    def is_state(self) -> bool:
+        """A recurrent-state layer (its cache is one state per request, not keys and values)."""
+        return self.kind in ("linear_state", "gated_delta")
 
     @property
     def is_local(self) -> bool:
@@ -244,6 +256,10 @@ class ModelConfig:
     numbers, instead of the two halves), `nope_layers` (layers without RoPE), `qk_l2_norm`
     (q and k of the RoPE layers divided by their RMS over each head, without weights, after
     RoPE), `attn_temperature` (query scaling by position on the NoPE layers).
+    Qwen3-Next: `attn_output_gate` (`q_proj` gives each head's query then its gate; the
+    attention output is multiplied by `sigmoid(gate)` before `o_proj`), `partial_rotary_factor`
+    (RoPE on the first `head_size * factor` channels of each head), `gated_delta` (the shapes
+    of the `gated_delta` layers).
     """
 
     vocab_size: int = attrs.field(validator=positive_int)
@@ -279,6 +295,9 @@ class ModelConfig:
     nope_layers: tuple[int, ...] = attrs.field(default=(), converter=_as_int_tuple)
     qk_l2_norm: bool = False
     attn_temperature: AttnTemperature | None = None
+    attn_output_gate: bool = False
+    partial_rotary_factor: float = attrs.field(default=1.0, validator=positive)
+    gated_delta: GatedDeltaConfig | None = None
     layer_kinds: tuple[LayerKind, ...] = attrs.field(converter=_as_layer_kinds)
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = attrs.field(default=None, converter=_as_eos)
@@ -335,11 +354,29 @@ class ModelConfig:
                     f"model {self.name}: {field} {outside} are outside the layers "
                     f"[0, {self.num_layers}); give layer indices"
                 )
+        self._check_state_layers()
         if self.local_rope_scaling is not None and self.local_rope_theta is None:
             raise ValueError(
                 f"model {self.name}: local_rope_scaling without local_rope_theta; set the local "
                 "layers' RoPE base too"
             )
+
+    def _check_state_layers(self) -> None:
+        if self.gated_delta is None and any(k.kind == "gated_delta" for k in self.layer_kinds):
+            raise ValueError(f"model {self.name}: gated_delta layers need a GatedDeltaConfig, "
+                             "got gated_delta=None")  # fmt: skip
+        rotary, style = self.rotary_dim, self.rope_style
+        if rotary % 2 or rotary > self.head_size or (rotary < self.head_size and style != "neox"):
+            raise ValueError(
+                f"model {self.name}: partial_rotary_factor={self.partial_rotary_factor} gives "
+                f"{rotary} of {self.head_size} channels; it must be at most 1, give an even "
+                f"number and go with rope_style='neox' (got {style!r})"
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head that RoPE rotates (the first ones), as transformers rounds."""
+        return int(self.head_size * self.partial_rotary_factor)
 
     @property
     def attention_scale(self) -> float:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.backend.state_layers import STATE_OPTIONS
 from unified_attn.models.attention_model import CausalLM
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.invariant import invariant_linear, make_batch_invariant
@@ -31,12 +32,8 @@ BackendKey = tuple[str, int | None, int | None, int]
 
 
 def _backend_key(kind: LayerKind) -> BackendKey:
-    return (
-        ("linear" if kind.kind == "linear_state" else "attention"),
-        kind.window,
-        kind.chunk,
-        kind.sink_tokens,
-    )
+    return (kind.kind if kind.is_state else "attention", kind.window, kind.chunk,
+            kind.sink_tokens)  # fmt: skip
 
 
 class _Backbone(nn.Module):
@@ -114,14 +111,14 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
         use the backend the selector picks for their layer kind, whatever attention backend
         was selected."""
         config, dtype = self.config, self.dtype
-        state_options = {k: v for k, v in options.items() if k == "mamba_cache_mode"}
-        options = {k: v for k, v in options.items() if k != "mamba_cache_mode"}
+        state_options = {k: v for k, v in options.items() if k in STATE_OPTIONS}
+        options = {k: v for k, v in options.items() if k not in STATE_OPTIONS}
         backends: dict[BackendKey, AttentionBackend] = {}
         for kind in config.layer_kinds:
             key = _backend_key(kind)
             if key in backends:
                 continue
-            if kind.kind == "linear_state":
+            if kind.is_state:
                 state_cls = select_backend(
                     SelectorConfig(
                         head_size=config.head_size,
@@ -129,13 +126,11 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
                         # a model built on "meta" (planning only) selects as on the CPU
                         device="cpu" if device.type == "meta" else device.type,
                         use_batch_invariant=options.get("batch_invariant", False),
-                        layer_kind="linear_state",
+                        layer_kind=kind.kind,
                     )
                 )
-                backends[key] = state_cls(
-                    num_heads=config.num_heads, head_size=config.head_size, dtype=dtype,
-                    **options, **state_options,
-                )  # fmt: skip
+                backends[key] = state_cls(**self._state_shape(kind), dtype=dtype, **options,
+                                          **state_options)  # fmt: skip
             else:
                 backends[key] = backend_cls(
                     num_kv_heads=config.num_kv_heads,
@@ -148,6 +143,15 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
                 )
         return backends
 
+    def _state_shape(self, kind: LayerKind) -> dict[str, Any]:
+        """The state backend's shape arguments for layers of `kind`."""
+        config, delta = self.config, self.config.gated_delta
+        if kind.kind == "gated_delta" and delta is not None:
+            return dict(num_heads=delta.num_v_heads, head_size=delta.v_head_size,
+                        num_k_heads=delta.num_k_heads, k_head_size=delta.k_head_size,
+                        conv_kernel=delta.conv_kernel, chunk_size=delta.chunk_size)  # fmt: skip
+        return dict(num_heads=config.num_heads, head_size=config.head_size)
+
     def attention_layers(self) -> Iterator[tuple[LayerConfig, AttentionBackend]]:
         for layer in self.model.layers:
             attn = cast(DecoderLayer, layer).self_attn
@@ -156,14 +160,14 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
     def _fill_constant(self) -> None:
         identity = norm_identity(self.config.norm_style)
         for name, param in self.named_parameters():
-            param.data.fill_(identity if _is_norm(name) else 0.0)
+            param.data.fill_(_constant(name, identity) or 0.0)
 
     @torch.no_grad()
     def init_random_weights(self, seed: int) -> None:
         """Deterministic on any device: normal(0, 0.02) drawn on CPU in float32, norms the
-        identity (1, or 0 for the Gemma norm style)."""
+        identity (1, or 0 for the Gemma norm style; a gated delta-net's gated norm 1)."""
         identity = norm_identity(self.config.norm_style)
-        self._init_random_parameters(seed, lambda name: identity if _is_norm(name) else None)
+        self._init_random_parameters(seed, lambda name: _constant(name, identity))
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -191,8 +195,12 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
         return logits.float()
 
 
-def _is_norm(param_name: str) -> bool:
-    return param_name.endswith("norm.weight")
+def _constant(param_name: str, identity: float) -> float | None:
+    """The value a parameter starts at whatever the seed (None: random): norms the identity
+    (`identity` for the model's norms, 1 for a gated delta-net's gated norm and `dt_bias`)."""
+    if param_name.endswith(("self_attn.norm.weight", ".dt_bias")):
+        return 1.0
+    return identity if param_name.endswith("norm.weight") else None
 
 
 def _in_dtype(value: float | None, dtype: torch.dtype) -> float | None:

@@ -39,37 +39,54 @@ class DeepseekRouter(nn.Module):
         cfg = self.config
         logits = nn.functional.linear(x.float(), self.weight.float())  # [T, E]
         if cfg.routing == "sigmoid_group_limited":
-            assert self.e_score_correction_bias is not None
-            scores = logits.sigmoid()
-            choice = scores + self.e_score_correction_bias
-            group_scores = _groups(choice, cfg).topk(2, dim=-1).values.sum(-1)  # [T, G]
-            choice = _keep_best_groups(choice, group_scores, cfg, float("-inf"))
-            ids = choice.topk(cfg.num_experts_per_tok, dim=-1, sorted=False).indices
-            weights = scores.gather(1, ids)
-            if cfg.norm_topk_prob:
-                weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-            return weights * cfg.routed_scaling_factor, ids
+            assert self.e_score_correction_bias is not None and cfg.n_group is not None
+            assert cfg.topk_group is not None
+            return sigmoid_group_routing(
+                logits, self.e_score_correction_bias, n_group=cfg.n_group,
+                topk_group=cfg.topk_group, top_k=cfg.num_experts_per_tok,
+                norm_topk_prob=cfg.norm_topk_prob, scale=cfg.routed_scaling_factor,
+            )  # fmt: skip
         scores = logits.softmax(dim=-1)
         if cfg.routing == "group_limited_greedy":
-            scores = _keep_best_groups(scores, _groups(scores, cfg).amax(-1), cfg, 0.0)
+            assert cfg.n_group is not None and cfg.topk_group is not None
+            group_scores = _groups(scores, cfg.n_group).amax(-1)
+            scores = _keep_best_groups(scores, group_scores, cfg.topk_group, 0.0)
         weights, ids = scores.topk(cfg.num_experts_per_tok, dim=-1, sorted=False)
         return weights * cfg.routed_scaling_factor, ids
 
 
-def _groups(scores: torch.Tensor, cfg: DeepseekConfig) -> torch.Tensor:
+def sigmoid_group_routing(
+    logits: torch.Tensor, correction_bias: torch.Tensor, *, n_group: int, topk_group: int,
+    top_k: int, norm_topk_prob: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """DeepSeek-V3's routing (Nemotron-H's too): float32 logits `[T, E]` -> (weights `[T, k]`
+    float32, ids `[T, k]`). Sigmoid scores; the `topk_group` groups whose two best
+    `score + correction_bias` are largest; their top-k experts by that sum, weighted by their
+    plain scores (renormalised with `norm_topk_prob`), times `scale`."""
+    scores = logits.sigmoid()
+    choice = scores + correction_bias
+    group_scores = _groups(choice, n_group).topk(2, dim=-1).values.sum(-1)  # [T, G]
+    choice = _keep_best_groups(choice, group_scores, topk_group, float("-inf"))
+    ids = choice.topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+def _groups(scores: torch.Tensor, n_group: int) -> torch.Tensor:
     """`[T, E]` -> `[T, n_group, E / n_group]`."""
-    assert cfg.n_group is not None
-    return scores.view(scores.shape[0], cfg.n_group, -1)
+    return scores.view(scores.shape[0], n_group, -1)
 
 
 def _keep_best_groups(
-    scores: torch.Tensor, group_scores: torch.Tensor, cfg: DeepseekConfig, fill: float
+    scores: torch.Tensor, group_scores: torch.Tensor, topk_group: int, fill: float
 ) -> torch.Tensor:
     """`scores [T, E]` with the experts outside the `topk_group` best groups set to `fill`."""
-    assert cfg.topk_group is not None
-    best = group_scores.topk(cfg.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
+    best = group_scores.topk(topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-    keep = keep[:, :, None].expand_as(_groups(scores, cfg)).reshape(scores.shape)
+    n_group = group_scores.shape[1]
+    keep = keep[:, :, None].expand_as(_groups(scores, n_group)).reshape(scores.shape)
     return scores.masked_fill(~keep, fill)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unified_attn.models.config import LayerKind, MoEConfig
+from unified_attn.models.gated_delta_config import GatedDeltaConfig
 from unified_attn.models.hf_llama4 import llama4_expert_weights, llama4_fields, llama4_rope
 from unified_attn.models.hf_rope import flat_rope_params, rope, rope_fields
 
@@ -218,7 +219,9 @@ def _qwen3_moe(hf: HFConfig) -> dict[str, Any]:
                                        moe_intermediate_size=768), None)  # fmt: skip
 
 
-def _qwen_moe(hf: HFConfig, defaults: dict[str, int], shared: int | None) -> dict[str, Any]:
+def _qwen_moe(
+    hf: HFConfig, defaults: dict[str, int], shared: int | None, norm_topk: bool = False
+) -> dict[str, Any]:
     """The Qwen MoE MLPs (transformers' defaults where the config is silent): softmax over all
     experts, the top k (renormalised with `norm_topk_prob`) in the model dtype, dense on the
     layers `mlp_only_layers` names and those `decoder_sparse_step` skips; `shared`: the width
@@ -234,13 +237,52 @@ def _qwen_moe(hf: HFConfig, defaults: dict[str, int], shared: int | None) -> dic
         top_k=config["num_experts_per_tok"],
         expert_kind="swiglu",
         router_softmax="all",
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", norm_topk)),
         routing_weights_dtype="model",
         intermediate_size=config["moe_intermediate_size"],
         shared_expert_intermediate_size=shared,
     )
     dense = [i for i in range(hf["num_hidden_layers"]) if i in only or (i + 1) % step]
     return dict(mlp_kind="moe", moe=moe, dense_mlp_layers=dense)
+
+
+def _qwen3_next(hf: HFConfig) -> dict[str, Any]:
+    """Gated delta-net layers and gated attention layers (`full_attention_interval` apart),
+    Gemma-style norms, a sparse MoE with a shared expert (Qwen3-Next-80B-A3B's defaults)."""
+    _check_activation(hf, "hidden_act", "silu")
+    num_layers, every = hf["num_hidden_layers"], hf.get("full_attention_interval", 4)
+    types = hf.get("layer_types") or [
+        "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(num_layers)
+    ]
+    by_type = {"full_attention": LayerKind.full(), "linear_attention": LayerKind.gated_delta()}
+    if set(types) - set(by_type) or len(types) != num_layers:
+        raise ValueError(f"{_arch(hf)}: layer_types must be {num_layers} of {sorted(by_type)}, "
+                         f"got {types}")  # fmt: skip
+    delta = GatedDeltaConfig(
+        num_k_heads=hf.get("linear_num_key_heads", 16),
+        num_v_heads=hf.get("linear_num_value_heads", 32),
+        k_head_size=hf.get("linear_key_head_dim", 128),
+        v_head_size=hf.get("linear_value_head_dim", 128),
+        conv_kernel=hf.get("linear_conv_kernel_dim", 4),
+    )
+    fields = dict(**_projection_bias(hf), qk_norm=True, norm_style="gemma", attn_output_gate=True,
+                  gated_delta=delta, layer_kinds=[by_type[t] for t in types])  # fmt: skip
+    moe = dict(num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512)
+    return fields | _qwen_moe(hf, moe, hf.get("shared_expert_intermediate_size", 512), True)
+
+
+def _qwen3_next_rope(hf: HFConfig) -> dict[str, Any]:
+    """The shared RoPE fields and `partial_rotary_factor` (in `rope_parameters` or at the top,
+    transformers' default 0.25)."""
+    params = flat_rope_params(hf)
+    factor = params.pop("partial_rotary_factor", None) or hf.get("partial_rotary_factor", 0.25)
+    theta, scaling = rope(hf, params, hf.get("rope_theta") or 10000.0)
+    return dict(rope_theta=theta, rope_scaling=scaling, partial_rotary_factor=factor)
+
+
+def _drop_mtp(state: dict[str, Any]) -> dict[str, Any]:
+    """Without the multi-token-prediction head (`mtp.*`), which transformers ignores too."""
+    return {name: tensor for name, tensor in state.items() if not name.startswith("mtp.")}
 
 
 def _qwen2_moe_layer_kinds(hf: HFConfig) -> list[LayerKind]:
@@ -298,6 +340,7 @@ ARCHITECTURES: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "Llama4ForCausalLM": llama4_fields,
+    "Qwen3NextForCausalLM": _qwen3_next,
 }
 
 # Architectures whose RoPE is not the shared `rope_parameters` / `rope_scaling` + `rope_theta`.
@@ -305,6 +348,7 @@ ROPE_FIELDS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "Phi3ForCausalLM": _phi3_rope,
     "Gemma3ForCausalLM": _gemma3_rope,
     "Llama4ForCausalLM": llama4_rope,
+    "Qwen3NextForCausalLM": _qwen3_next_rope,
 }
 
 # `model_type` -> architecture, for configs without `architectures`.
@@ -321,6 +365,7 @@ MODEL_TYPES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 
 # Checkpoint weight names that differ from the model's (regex, replacement), applied in order.
@@ -332,9 +377,11 @@ WEIGHT_RENAMES: dict[str, list[tuple[str, str]]] = {
         (r"(\.mlp\.experts\.\d+)\.w2\.", r"\1.down_proj."),
     ],
     "Llama4ForCausalLM": [(r"\.feed_forward\.", ".mlp.")],
+    "Qwen3NextForCausalLM": [(r"\.linear_attn\.", ".self_attn.")],
 }
 
 # Checkpoint weights whose layout differs from the model's, rearranged after the renames.
 WEIGHT_LAYOUTS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "Llama4ForCausalLM": llama4_expert_weights,
+    "Qwen3NextForCausalLM": _drop_mtp,
 }

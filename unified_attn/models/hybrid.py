@@ -1,6 +1,7 @@
-"""`HybridModel`: a state-space hybrid (Mamba2ForCausalLM, Bamba, Nemotron-H) as a stack of
-pre-norm residual blocks, each with one mixer: a Mamba-2 state layer, attention (through the
-selected backend) or a feed-forward network.
+"""`HybridModel`: a state-space hybrid (Mamba2ForCausalLM, Bamba, Nemotron-H, Granite-4.0-H) as
+a stack of pre-norm residual blocks, each with one mixer: a Mamba-2 state layer, attention
+(through the selected backend), a feed-forward network or a mixture of experts
+(`hybrid_ffn.py`).
 
 Parameter names: `embed_tokens`, `layers.{i}.norm`, `layers.{i}.mixer.*` (the mixer's own names
 are transformers'), `norm`, `lm_head`; the checkpoint loader maps each family's names onto them
@@ -17,15 +18,15 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.backend.state_layers import STATE_OPTIONS
 from unified_attn.models.attention_model import CausalLM
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.hybrid_config import HybridConfig
+from unified_attn.models.hybrid_ffn import FeedForward, GroupedSigmoidRouter, HybridMoE
 from unified_attn.models.layers import Attention, RMSNorm
 from unified_attn.models.mamba2_mixer import Mamba2Mixer
 from unified_attn.models.rope import RotaryEmbedding, rotate_half
 from unified_attn.selector import SelectorConfig, select_backend
-
-STATE_OPTIONS = ("mamba_cache_mode",)  # backend options only the state backend takes
 
 
 def attention_config(config: HybridConfig) -> ModelConfig:
@@ -72,34 +73,18 @@ class PartialRotary(nn.Module):
         return rotate(q), rotate(k)
 
 
-class FeedForward(nn.Module):
-    """`down(silu(gate(x)) * up(x))` (Bamba) or `down(relu(up(x)) ** 2)` (Nemotron-H)."""
-
-    def __init__(self, config: HybridConfig) -> None:
-        super().__init__()
-        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gated = config.mlp_activation == "silu_gated"
-        if self.gated:
-            self.gate_proj = nn.Linear(hidden, inner, bias=bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=bias)
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        up = self.up_proj(hidden)
-        if self.gated:
-            return self.down_proj(nn.functional.silu(self.gate_proj(hidden)) * up)
-        return self.down_proj(torch.relu(up).square())
-
-
 class HybridBlock(nn.Module):
     def __init__(self, config: HybridConfig, mixer: nn.Module) -> None:
         super().__init__()
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mixer = mixer
         self.residual_in_fp32 = config.residual_in_fp32
+        self.residual_multiplier = config.residual_multiplier
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         mixed = self.mixer(positions, self.norm(hidden.to(self.norm.weight.dtype)))
+        if self.residual_multiplier != 1.0:  # Granite
+            mixed = mixed * self.residual_multiplier
         return (hidden.float() if self.residual_in_fp32 else hidden) + mixed
 
 
@@ -163,16 +148,30 @@ class HybridModel(CausalLM[HybridConfig, str]):
                                 config.head_size, config.attention_scale)  # fmt: skip
             mixer = Attention(attention_config(config), LayerKind.full(), layer,
                               self.backends["attention"], cast(RotaryEmbedding, self.rotary))
+        elif kind == "moe":
+            assert config.moe is not None  # HybridConfig checks it
+            mixer = HybridMoE(config.hidden_size, config.moe, config.mlp_bias)
         else:
-            mixer = FeedForward(config)
+            mixer = FeedForward(config.hidden_size, config.intermediate_size,
+                                config.mlp_activation, config.mlp_bias)  # fmt: skip
         return HybridBlock(config, mixer)
 
     def _reset_rotary(self, device: torch.device | str) -> None:
         self.rotary.reset_buffers(device)
 
+    def _cast(self) -> None:
+        super()._cast()
+        for router in self._routers():  # transformers keeps the correction bias in float32
+            router.e_score_correction_bias = router.e_score_correction_bias.float()
+
+    def _routers(self) -> Iterator[GroupedSigmoidRouter]:
+        return (m for m in self.modules() if isinstance(m, GroupedSigmoidRouter))
+
     def _fill_constant(self) -> None:
         for name, param in self.named_parameters():
             param.data.fill_(1.0 if _starts_at_one(name) else 0.0)
+        for router in self._routers():
+            router.e_score_correction_bias.zero_()
 
     @torch.no_grad()
     def init_random_weights(self, seed: int) -> None:
@@ -190,9 +189,18 @@ class HybridModel(CausalLM[HybridConfig, str]):
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.model.embed_tokens(input_ids)
+        if self.config.embedding_multiplier != 1.0:  # Granite
+            hidden = hidden * self.config.embedding_multiplier
         for block in self.model.layers:
             hidden = block(positions, hidden)
         return self.model.norm(hidden.to(self.dtype))
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """As `CausalLM`'s, divided by `logits_scaling` (Granite)."""
+        logits = super().compute_logits(hidden)
+        scaling = self.config.logits_scaling
+        return logits if scaling == 1.0 else logits / scaling
 
 
 def _starts_at_one(name: str) -> bool:

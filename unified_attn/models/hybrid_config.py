@@ -1,7 +1,7 @@
 """Configuration of the state-space hybrids: a stack of pre-norm residual blocks, each with one
-mixer (a Mamba-2 state layer, attention, or a feed-forward network). Mamba2ForCausalLM is all
-Mamba blocks; Nemotron-H declares its blocks one by one; Bamba's decoder layers are two blocks
-each (the mixer, then the MLP)."""
+mixer (a Mamba-2 state layer, attention, a feed-forward network or a mixture of experts).
+Mamba2ForCausalLM is all Mamba blocks; Nemotron-H declares its blocks one by one; Bamba's and
+Granite-4.0-H's decoder layers are two blocks each (the mixer, then the MLP or MoE)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any, Literal
 import attrs
 
 from unified_attn.models.config import check_choices, require_multiple
-from unified_attn.utils import optional_positive_int, positive, positive_int
+from unified_attn.utils import optional_positive, optional_positive_int, positive, positive_int
 
-BlockKind = Literal["mamba", "attention", "mlp"]
+BlockKind = Literal["mamba", "attention", "mlp", "moe"]
 MLPActivation = Literal["silu_gated", "relu2"]
-BLOCK_KINDS = ("mamba", "attention", "mlp")
+Routing = Literal["softmax_top_k", "sigmoid_grouped"]
+BLOCK_KINDS = ("mamba", "attention", "mlp", "moe")
 
 
 def _as_limit(value: Any) -> tuple[float, float]:
@@ -79,10 +80,56 @@ class Mamba2Config:
 
 
 @attrs.frozen(kw_only=True)
+class HybridMoEConfig:
+    """The "moe" blocks: `num_experts` routed experts of `intermediate_size` (`activation`:
+    SwiGLU `gate_up_proj`/`down_proj` or squared-ReLU `up_proj`/`down_proj`), `top_k` per
+    token, plus a shared expert of `shared_intermediate_size` on every token (None: none).
+
+    `routing="softmax_top_k"` (Granite): a softmax over the top-k logits. `"sigmoid_grouped"`
+    (Nemotron-H, DeepSeek-V3's): sigmoid scores plus a correction bias choose the experts
+    within the `topk_group` best of `n_group` groups; the plain scores, renormalised with
+    `norm_topk_prob`, times `routed_scaling_factor`, weight them."""
+
+    num_experts: int = attrs.field(validator=positive_int)
+    top_k: int = attrs.field(validator=positive_int)
+    intermediate_size: int = attrs.field(validator=positive_int)
+    shared_intermediate_size: int | None = attrs.field(
+        default=None, validator=optional_positive_int
+    )
+    activation: MLPActivation = "silu_gated"
+    routing: Routing = "softmax_top_k"
+    n_group: int = attrs.field(default=1, validator=positive_int)
+    topk_group: int = attrs.field(default=1, validator=positive_int)
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = attrs.field(default=1.0, validator=positive)
+
+    def __attrs_post_init__(self) -> None:
+        owner = "HybridMoEConfig"
+        check_choices(owner, self, {"activation": ("silu_gated", "relu2"),
+                                    "routing": ("softmax_top_k", "sigmoid_grouped")})  # fmt: skip
+        if self.top_k > self.num_experts:
+            raise ValueError(f"{owner}: top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        require_multiple(owner, self, "num_experts", "n_group")
+        if self.topk_group > self.n_group:
+            raise ValueError(
+                f"{owner}: topk_group={self.topk_group} exceeds n_group={self.n_group}"
+            )
+        if self.routing == "sigmoid_grouped" and self.num_experts // self.n_group < 2:
+            raise ValueError(
+                f"{owner}: sigmoid_grouped routing scores each group by its two best experts; "
+                f"num_experts / n_group must be at least 2, got {self.num_experts // self.n_group}"
+            )
+
+
+@attrs.frozen(kw_only=True)
 class HybridConfig:
     """A state-space hybrid. `blocks`: one kind per block; `attention_*` and `rotary_dim` (None:
-    no RoPE, Nemotron-H) shape the attention blocks, `mlp_*` the feed-forward ones.
-    `residual_in_fp32`: the residual stream is kept in float32 (Mamba2ForCausalLM)."""
+    no RoPE, Nemotron-H) shape the attention blocks, `mlp_*` the feed-forward ones, `moe` the
+    mixtures of experts. `residual_in_fp32`: the residual stream is kept in float32
+    (Mamba2ForCausalLM). Granite's multipliers: the embeddings are scaled by
+    `embedding_multiplier`, each block's output by `residual_multiplier` before it is added,
+    the attention scores by `attention_multiplier` (None: `head_size ** -0.5`), and the logits
+    divided by `logits_scaling`."""
 
     vocab_size: int = attrs.field(validator=positive_int)
     hidden_size: int = attrs.field(validator=positive_int)
@@ -98,7 +145,12 @@ class HybridConfig:
     intermediate_size: int = attrs.field(default=1, validator=positive_int)
     mlp_activation: MLPActivation = "silu_gated"
     mlp_bias: bool = False
+    moe: HybridMoEConfig | None = None
     residual_in_fp32: bool = False
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = attrs.field(default=None, validator=optional_positive)
+    logits_scaling: float = attrs.field(default=1.0, validator=positive)
     tie_word_embeddings: bool = False
     max_position_embeddings: int = attrs.field(default=4096, validator=positive_int)
     bos_token_id: int | None = None
@@ -111,6 +163,8 @@ class HybridConfig:
             if kind not in BLOCK_KINDS:
                 raise ValueError(f"{owner}: block kinds must be in {BLOCK_KINDS}, got {kind!r}")
         check_choices(owner, self, {"mlp_activation": ("silu_gated", "relu2")})
+        if "moe" in self.blocks and self.moe is None:
+            raise ValueError(f"{owner}: blocks has 'moe' blocks but moe (HybridMoEConfig) is None")
         require_multiple(owner, self, "num_heads", "num_kv_heads")
         rotary = self.rotary_dim
         if rotary is not None and (rotary % 2 or rotary > self.head_size):
@@ -125,6 +179,8 @@ class HybridConfig:
 
     @property
     def attention_scale(self) -> float:
+        if self.attention_multiplier is not None:
+            return float(self.attention_multiplier)
         return float(self.head_size**-0.5)
 
     @property

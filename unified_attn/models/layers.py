@@ -10,6 +10,7 @@ from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
+from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import make_mlp
 from unified_attn.models.rope import RotaryEmbedding
@@ -62,9 +63,14 @@ def temperature_scale(
 
 
 def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> LayerConfig:
+    name = f"model.layers.{index}.self_attn"
+    delta = config.gated_delta
+    if kind.kind == "gated_delta" and delta is not None:  # its value heads
+        heads, size = delta.num_v_heads, delta.v_head_size
+        return LayerConfig(name, heads, heads, size, delta.k_head_size**-0.5)
     linear = kind.kind == "linear_state"  # state layers: one "KV" head per query head, no window
     return LayerConfig(
-        name=f"model.layers.{index}.self_attn",
+        name=name,
         num_heads=config.num_heads,
         num_kv_heads=config.num_heads if linear else config.num_kv_heads,
         head_size=config.head_size,
@@ -78,6 +84,7 @@ def make_layer_config(config: ModelConfig, index: int, kind: LayerKind) -> Layer
 class Attention(nn.Module):
     """Projections, q/k norms and RoPE here; the attention itself (and the KV cache) in the
     backend. With `fused_qkv` one `qkv_proj` (rows: q, then k, then v) replaces q/k/v_proj.
+    With `attn_output_gate` (Qwen3-Next) `q_proj` gives each head's query then its gate.
     `rotary_emb=None`: a NoPE layer (Llama 4), whose queries `attn_temperature` scales; the
     RoPE layers' q and k are L2-normed after RoPE with `qk_l2_norm`."""
 
@@ -104,11 +111,12 @@ class Attention(nn.Module):
         q_size, kv_size = config.num_heads * d, config.num_kv_heads * d
         self.split_sizes = [q_size, kv_size, kv_size]
         qkv_bias, o_bias = config.attention_bias, config.attention_output_bias
-        self.fused_qkv = config.fused_qkv
+        self.fused_qkv, self.output_gate = config.fused_qkv, config.attn_output_gate
         if self.fused_qkv:
             self.qkv_proj = nn.Linear(hidden, q_size + 2 * kv_size, bias=qkv_bias)
         else:
-            self.q_proj = nn.Linear(hidden, q_size, bias=qkv_bias)
+            gates = q_size if self.output_gate else 0
+            self.q_proj = nn.Linear(hidden, q_size + gates, bias=qkv_bias)
             self.k_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
             self.v_proj = nn.Linear(hidden, kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=o_bias)
@@ -134,7 +142,10 @@ class Attention(nn.Module):
         lc = self.layer_config
         num_tokens = hidden.shape[0]
         q, k, v = self._project(hidden)
-        q = q.view(num_tokens, lc.num_heads, lc.head_size)
+        gate = None
+        if self.output_gate:  # [T, Hq, 2D]: each head's query, then its gate
+            q, gate = q.view(num_tokens, lc.num_heads, 2 * lc.head_size).chunk(2, dim=-1)
+        q = q.reshape(num_tokens, lc.num_heads, lc.head_size)
         k = k.view(num_tokens, lc.num_kv_heads, lc.head_size)
         v = v.view(num_tokens, lc.num_kv_heads, lc.head_size)
         if self.q_norm is not None and self.k_norm is not None:
@@ -147,6 +158,8 @@ class Attention(nn.Module):
         if self.kv_scales is not None:
             extra["kv_scales"] = self.kv_scales
         self.backend.forward(lc, output, q, k, v, **extra)
+        if gate is not None:
+            output = output * torch.sigmoid(gate.reshape(num_tokens, -1))
         return self.o_proj(output)
 
     def _position(
@@ -195,6 +208,8 @@ class DecoderLayer(nn.Module):
         self.self_attn: nn.Module
         if kind.kind == "linear_state":
             self.self_attn = LinearAttention(config, layer_config, backend)
+        elif kind.kind == "gated_delta" and config.gated_delta is not None:
+            self.self_attn = GatedDeltaNet(config.gated_delta, hidden, eps, layer_config, backend)
         else:
             self.self_attn = Attention(config, kind, layer_config, backend, rotary_emb)
         self.mlp = make_mlp(config, index)

@@ -10,6 +10,7 @@ from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.deepseek_config import DeepseekConfig
 from unified_attn.models.deepseek_v4 import DeepseekV4Config
 from unified_attn.models.deepseek_v32 import DeepseekV32Config
+from unified_attn.models.gated_delta_config import GatedDeltaConfig
 
 
 def _shape(
@@ -49,6 +50,19 @@ REAL_SHAPES: dict[str, ModelConfig] = {
                               32768),
     # Qwen3-MoE (128 experts, 8 active): the experts do not touch the KV cache
     "qwen3-30b-a3b": _shape("qwen3-30b-a3b", 48, 32, 4, 128, [LayerKind.full()] * 48, 40960),
+    # Qwen3-Next-80B-A3B: 3 gated delta-net layers (16 q/k heads, 32 value heads, x 128,
+    # 4-tap convolution) per gated attention layer (16 / 2 KV x 256, RoPE on 64 channels);
+    # its 512 experts do not touch the KV cache
+    "qwen3-next-80b-a3b": ModelConfig(
+        name="qwen3-next-80b-a3b", vocab_size=151936, hidden_size=2048,
+        intermediate_size=5120, num_layers=48, num_heads=16, num_kv_heads=2, head_size=256,
+        layer_kinds=[LayerKind.full() if i % 4 == 3 else LayerKind.gated_delta()
+                     for i in range(48)],
+        attn_output_gate=True, qk_norm=True, norm_style="gemma", partial_rotary_factor=0.25,
+        gated_delta=GatedDeltaConfig(num_k_heads=16, num_v_heads=32, k_head_size=128,
+                                     v_head_size=128, conv_kernel=4),
+        max_position_embeddings=262144,
+    ),
 }  # fmt: skip
 
 

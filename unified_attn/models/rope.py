@@ -93,7 +93,8 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class RotaryEmbedding(nn.Module):
     """RoPE over the whole head, with the model's global RoPE settings or (`local=True`) those
     of its local layers (`ModelConfig.rope_of`); neox-style (rotate_half) or, with
-    `rope_style="interleaved"`, on adjacent channel pairs (`rotate_pairs`)."""
+    `rope_style="interleaved"`, on adjacent channel pairs (`rotate_pairs`). With
+    `partial_rotary_factor` below 1 only the first `rotary_dim` channels rotate (neox)."""
 
     inv_freq: torch.Tensor
 
@@ -102,13 +103,14 @@ class RotaryEmbedding(nn.Module):
         theta, scaling = config.rope_theta, config.rope_scaling
         if local and config.local_rope_theta is not None:
             theta, scaling = config.local_rope_theta, config.local_rope_scaling
-        self.head_size, self.theta, self.scaling = config.head_size, theta, scaling
+        self.rotary_dim, self.theta, self.scaling = config.rotary_dim, theta, scaling
+        self.partial = config.rotary_dim < config.head_size
         self.interleaved = config.rope_style == "interleaved"
         self.attention_scaling = rope_attention_scaling(scaling)
         self.register_buffer("inv_freq", self._compute(), persistent=False)
 
     def _compute(self) -> torch.Tensor:
-        return rope_inv_freq(self.head_size, self.theta, self.scaling)
+        return rope_inv_freq(self.rotary_dim, self.theta, self.scaling)
 
     def reset_buffers(self, device: torch.device | str) -> None:
         """Recompute `inv_freq` in float32 on `device` (after meta construction or a cast)."""
@@ -128,6 +130,14 @@ class RotaryEmbedding(nn.Module):
             return self._rotate_pairs(positions, q, k)
         cos, sin = self.cos_sin(positions, q.dtype)
         cos, sin = cos[:, None, :], sin[:, None, :]
+        if self.partial:
+            d = self.rotary_dim  # the rotated channels; the rest pass through
+
+            def rotate(x: torch.Tensor) -> torch.Tensor:
+                head = x[..., :d]
+                return torch.cat([head * cos + rotate_half(head) * sin, x[..., d:]], dim=-1)
+
+            return rotate(q), rotate(k)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
     def _rotate_pairs(

@@ -255,6 +255,7 @@ class ModelRunner:
             encoder, encoder_lens = self._encoder_inputs(output, rows, slot_mappings)
         qsl = torch.tensor(layout.query_start, dtype=torch.int32)
         seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int32)
+        drafts, columns = _speculation(output)
         common = CommonAttentionMetadata(
             query_start_loc=qsl.to(dev),
             query_start_loc_cpu=qsl,
@@ -270,6 +271,8 @@ class ModelRunner:
             block_sizes=dict(enumerate(self.block_sizes)),
             encoder_seq_lens_cpu=encoder_lens,
             encoder_seq_lens=None if encoder_lens is None else encoder_lens.to(dev),
+            num_drafts_cpu=drafts,
+            state_columns_cpu=columns,
         )
         input_ids = torch.tensor(layout.input_ids, dtype=torch.int64, device=dev)
         return StepInputs(common, tables, input_ids, layout.sample_rows, encoder)
@@ -374,3 +377,13 @@ def backend_group_ids(plan: KVCachePlan) -> list[tuple[AttentionBackend, list[in
             else:
                 out.append((lp.backend, [gid]))
     return out
+
+
+def _speculation(output: SchedulerOutput) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Per request: draft tokens verified this step and the state-table column holding its
+    state (`Request.state_column`); (None, None) while no request speculates."""
+    drafts = [len(e.spec_token_ids) for e in output.scheduled]
+    columns = [e.request.state_column for e in output.scheduled]
+    if not any(drafts) and not any(columns):
+        return None, None
+    return torch.tensor(drafts, dtype=torch.int32), torch.tensor(columns, dtype=torch.int32)

@@ -77,6 +77,22 @@ def backend_options(engine: Any, batch_invariant: bool) -> dict[str, Any]:
     return options | kv_cache_options(engine.kv_cache_dtype)
 
 
+def state_cache_mode(engine: Any) -> str:
+    """The state layers' cache mode an `EngineConfig` asks for (`mamba_cache_mode`; None:
+    "none" with speculative decoding, whose drafts need a state slot each, else "align")."""
+    if engine.mamba_cache_mode is not None:
+        return str(engine.mamba_cache_mode)
+    return "none" if engine.speculative_method is not None else "align"
+
+
+def state_slots_per_request(engine: Any) -> int:
+    """Draft tokens a state layer keeps a state slot for (0 without speculative decoding, and
+    in a prefix-caching mode, which speculation refuses with its own message)."""
+    if engine.speculative_method is None or state_cache_mode(engine) != "none":
+        return 0
+    return int(engine.num_speculative_tokens or 0)
+
+
 def load_model(engine: Any) -> ModelSource:
     """`engine` is an `EngineConfig`."""
     device = torch.device(engine.device)
@@ -87,7 +103,8 @@ def load_model(engine: Any) -> ModelSource:
     backend_cls = select_backend(selector_cfgs, override=engine.backend)
     family = family_of(config)
     options = backend_options(engine, selector_cfgs[0].use_batch_invariant)
-    options |= family.state_options(config, engine.mamba_cache_mode)
+    options |= family.state_options(config, state_cache_mode(engine),
+                                    state_slots_per_request(engine))  # fmt: skip
     if engine.model in family.presets:  # random weights, the byte tokenizer
         model = family.build(config, backend_cls, dtype=dtype, device=device,
                              backend_options=options)  # fmt: skip

@@ -238,12 +238,15 @@ class Scheduler:
         finished = []
         for entry in output.scheduled:
             request = entry.request
+            request.state_column = 0
             if not entry.will_sample or request.status != RequestStatus.RUNNING:
                 continue
             tokens = sampled[request.request_id]
             tokens = [tokens] if isinstance(tokens, int) else list(tokens)
             if entry.spec_token_ids:
                 request.num_computed_tokens -= len(entry.spec_token_ids) - (len(tokens) - 1)
+                # state layers left the state after each token: resume from the last kept
+                request.state_column = len(tokens) - 1
             for token in tokens:
                 request.append_output_token_ids(token)
                 status = self._stop_status(request)

@@ -20,7 +20,7 @@ import torch
 
 from unified_attn.managers import StateManager
 from unified_attn.request import Request, RequestStatus
-from unified_attn.runner.model_source import ModelSource
+from unified_attn.runner.model_source import ModelSource, state_cache_mode
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.worker import Worker
 from unified_attn.spec_decode.draft_model import (
@@ -106,6 +106,7 @@ def check_speculative_options(
     *,
     model_kind: str,
     state_groups: list[str],
+    mamba_cache_mode: str = "none",
 ) -> None:
     """A `ValueError` naming the option for settings or models speculative decoding cannot
     serve; nothing when the options ask for no speculation or for one it can run."""
@@ -144,11 +145,12 @@ def check_speculative_options(
             f"speculative decoding serves decoder-only models; this model is "
             f"{model_kind.replace('_', '-')}: drop speculative_method"
         )
-    if state_groups:
+    if state_groups and mamba_cache_mode != "none":
         raise ValueError(
-            f"speculative decoding cannot roll back rejected drafts in state layers (KV-cache "
-            f"groups {state_groups} keep one recurrent state per request): drop "
-            "speculative_method for this model"
+            f"speculative decoding over state layers (KV-cache groups {state_groups}) needs "
+            f"mamba_cache_mode='none', got {mamba_cache_mode!r}: a rejected draft is rolled "
+            "back to the state slot of the last kept token, and prefix checkpoints keep no such "
+            "slots; leave mamba_cache_mode unset (it is then 'none' with speculation)"
         )
 
 
@@ -168,6 +170,7 @@ def build_drafter(
             for gid, g in enumerate(worker.plan.groups)
             if issubclass(g.manager_cls, StateManager)
         ],
+        mamba_cache_mode=state_cache_mode(config),
     )
     k = config.num_speculative_tokens
     if config.speculative_method is None:

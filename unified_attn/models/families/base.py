@@ -130,9 +130,12 @@ class ModelFamily:
             path, backend_cls, dtype=dtype, device=device, backend_options=backend_options
         )
 
-    def state_options(self, config: Any, mamba_cache_mode: str) -> dict[str, Any]:
-        """Backend options for the model's state layers (the engine's `mamba_cache_mode`);
-        {} for a model without them. The model hands them to its state backends only."""
+    def state_options(
+        self, config: Any, mamba_cache_mode: str, num_speculative_blocks: int = 0
+    ) -> dict[str, Any]:
+        """Backend options for the model's state layers (the engine's `mamba_cache_mode`, and a
+        state slot per draft token with speculative decoding); {} for a model without them.
+        The model hands them to its state backends only (`STATE_OPTIONS`)."""
         return {}
 
     def source_fields(self, config: Any) -> dict[str, Any]:

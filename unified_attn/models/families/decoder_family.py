@@ -12,6 +12,7 @@ import attrs
 import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType
+from unified_attn.backend.state_layers import state_options
 from unified_attn.models.config import LayerKind, ModelConfig
 from unified_attn.models.decoder import DecoderModel
 from unified_attn.models.families.base import (
@@ -65,7 +66,7 @@ class DecoderFamily(ModelFamily):
     def attention_kinds(self, config: ModelConfig) -> list[AttentionKind]:
         """Its distinct attention kinds (state layers select their own backend in
         `DecoderModel`)."""
-        attention = [k for k in config.layer_kinds if k.kind != "linear_state"]
+        attention = [k for k in config.layer_kinds if not k.is_state]
         return list(
             dict.fromkeys(
                 (config.head_size, k.window, k.chunk, k.has_sinks, DECODER, k.sink_tokens)
@@ -73,15 +74,24 @@ class DecoderFamily(ModelFamily):
             )
         )
 
-    def state_options(self, config: ModelConfig, mamba_cache_mode: str) -> dict[str, Any]:
-        if any(kind.kind == "linear_state" for kind in config.layer_kinds):
-            return {"mamba_cache_mode": mamba_cache_mode}
+    def state_options(
+        self, config: ModelConfig, mamba_cache_mode: str, num_speculative_blocks: int = 0
+    ) -> dict[str, Any]:
+        if any(kind.is_state for kind in config.layer_kinds):
+            return state_options(mamba_cache_mode, num_speculative_blocks)
         return {}
 
     def attention_soft_cap(self, config: ModelConfig) -> float | None:
         return config.attn_logit_softcap
 
     def check_tensor_parallel(self, config: ModelConfig, world_size: int, model: str) -> None:
+        gated = any(kind.kind == "gated_delta" for kind in config.layer_kinds)
+        if world_size > 1 and (gated or config.attn_output_gate):
+            raise ValueError(
+                f"tensor_parallel_size={world_size}: {model!r} has gated delta-net layers or "
+                "gated attention outputs (Qwen3-Next), which tensor parallelism does not shard "
+                "yet; run it with tensor_parallel_size=1"
+            )
         check_tensor_parallel(config, world_size)
 
     def shard(self, model: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
@@ -121,9 +131,7 @@ class DecoderFamily(ModelFamily):
         layers)."""
         in_flight = min(max_in_flight_tokens, max_model_len)
         ideal = sum(
-            state_tokens
-            if kind.kind == "linear_state"
-            else ideal_tokens(kind, max_model_len, in_flight)
+            state_tokens if kind.is_state else ideal_tokens(kind, max_model_len, in_flight)
             for kind in config.layer_kinds
         )
         return config.num_layers * max_model_len / ideal if ideal else float("inf")

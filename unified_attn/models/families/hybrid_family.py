@@ -1,6 +1,6 @@
-"""State-space hybrids (Mamba2ForCausalLM, Bamba, Nemotron-H): Mamba-2 state layers, each in
-a state group of `StateManager`, beside full-attention layers. `plan` compares them with the
-same model holding full attention in every layer with a cache."""
+"""State-space hybrids (Mamba2ForCausalLM, Bamba, Nemotron-H, Granite-4.0-H): Mamba-2 state
+layers, each in a state group of `StateManager`, beside full-attention layers. `plan` compares
+them with the same model holding full attention in every layer with a cache."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend, AttentionType, LayerConfig
+from unified_attn.backend.state_layers import state_options
 from unified_attn.models.families.base import (
     AttentionKind,
     Layers,
@@ -21,6 +22,8 @@ from unified_attn.models.hybrid import HybridModel
 from unified_attn.models.hybrid_config import HybridConfig
 from unified_attn.models.hybrid_hf import HYBRID_MODEL_TYPES, hybrid_config_from_hf, load_hybrid
 from unified_attn.models.hybrid_shapes import HYBRID_PRESETS, HYBRID_SHAPES
+
+CACHE_BLOCKS = ("mamba", "attention")  # the blocks that hold a cache (not MLP or MoE)
 
 
 def _full_shape(config: HybridConfig) -> tuple[int, int]:
@@ -50,8 +53,10 @@ class HybridFamily(ModelFamily):
         heads = _full_shape(config)[1]
         return [(heads, None, None, False, AttentionType.DECODER, 0)]
 
-    def state_options(self, config: HybridConfig, mamba_cache_mode: str) -> dict[str, Any]:
-        return {"mamba_cache_mode": mamba_cache_mode}
+    def state_options(
+        self, config: HybridConfig, mamba_cache_mode: str, num_speculative_blocks: int = 0
+    ) -> dict[str, Any]:
+        return state_options(mamba_cache_mode, num_speculative_blocks)
 
     def check_tensor_parallel(self, config: Any, world_size: int, model: str) -> None:
         raise ValueError(
@@ -87,7 +92,7 @@ class HybridFamily(ModelFamily):
         return [
             (LayerConfig(f"layers.{i}.mixer", kv_heads, kv_heads, head, head**-0.5), backend)
             for i, kind in enumerate(config.blocks)
-            if kind != "mlp"
+            if kind in CACHE_BLOCKS
         ]
 
     def theoretical_ratio(
@@ -96,7 +101,7 @@ class HybridFamily(ModelFamily):
     ) -> float:  # fmt: skip
         """Full attention in every cache layer over one state per Mamba layer and the whole
         context in each attention layer."""
-        cached = [kind for kind in config.blocks if kind != "mlp"]
+        cached = [kind for kind in config.blocks if kind in CACHE_BLOCKS]
         ideal = sum(state_tokens if kind == "mamba" else max_model_len for kind in cached)
         return len(cached) * max_model_len / ideal if ideal else float("inf")
 

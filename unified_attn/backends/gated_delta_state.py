@@ -1,0 +1,183 @@
+"""Gated delta-net state layers (Qwen3-Next's linear attention): the causal convolution and
+the gated delta rule, with each request's two states (the convolution's last inputs and the
+recurrent state) in KV-cache state blocks.
+
+A block holds `[K - 1, conv_dim]` carried convolution inputs (model dtype) and the
+`[Hv, Dk, Dv]` recurrent state (float32). The manager is `StateManager`, in the mode
+`mamba_cache_mode` names (`managers/state.py`); where a step reads and writes is `StateRow`,
+as for Mamba-2 (`mamba_state.py`); a row's checkpoints may fall on any token (the chunks end
+there too), both states saved at each.
+
+`forward(layer, output, query, key, value, mixer=...)`: `query` is the convolution's input
+`[q, k, v] [T, conv_dim]` (key heads' q and k, then the value heads' v), `key` is `a [T, Hv]`
+(the decay's input before the softplus), `value` is `b [T, Hv]` (the rate before the
+sigmoid), `mixer` the layer's `GatedDeltaWeights`. `output [T, Hv * Dv]` receives the rule's
+output; the model norms, gates and projects it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from unified_attn.backend import (
+    AttentionBackend,
+    AttentionType,
+    CacheConfig,
+    CommonAttentionMetadata,
+    LayerConfig,
+)
+from unified_attn.backend.state_layers import GatedDeltaWeights
+from unified_attn.backends.gated_delta_math import (
+    causal_conv1d,
+    gated_delta_chunked,
+    gated_delta_step,
+    prepare_qk,
+)
+from unified_attn.backends.state_rows import StateRow, state_rows
+from unified_attn.managers import StateManager
+from unified_attn.selector import SelectorConfig, register_backend
+from unified_attn.tensor_specs import StateSpec
+
+
+@attrs.frozen
+class GatedDeltaPlan:
+    requests: dict[int, list[StateRow]]  # host: group id -> one row per request
+
+
+@register_backend(priority={"cpu": 100, "cuda": 100})
+class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
+    """One instance serves every gated delta-net layer of the same shape."""
+
+    name = "gated_delta"
+    layer_kinds = ("gated_delta",)
+
+    def __init__(
+        self,
+        *,
+        num_heads: int,
+        head_size: int,
+        dtype: torch.dtype | str,
+        num_k_heads: int,
+        k_head_size: int,
+        conv_kernel: int,
+        chunk_size: int = 64,
+        mamba_cache_mode: Literal["none", "align", "all"] = "align",
+        num_speculative_blocks: int = 0,
+        **options: Any,
+    ) -> None:
+        super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
+        self.num_heads, self.num_k_heads, self.k_head_size = num_heads, num_k_heads, k_head_size
+        self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
+        self.key_dim = num_k_heads * k_head_size
+        self.conv_dim = 2 * self.key_dim + num_heads * head_size
+        self.manager_config = StateManager.Config(
+            mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
+        )
+        self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
+        self.states: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, Hv, Dk, Dv] float32
+
+    @classmethod
+    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
+        if cfg.attn_type != AttentionType.DECODER:
+            return [f"attention type {cfg.attn_type.value} is not supported"]
+        return []
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        return False  # the chunked rule's bits depend on where a step's chunks begin
+
+    def get_cache_config(self) -> CacheConfig:
+        spec = StateSpec(
+            shapes=[
+                (self.conv_kernel - 1, self.conv_dim),
+                (self.num_heads, self.k_head_size, self.head_size),
+            ],
+            dtypes=[self.dtype, "float32"],
+        )
+        return StateManager, self.manager_config, spec
+
+    def check_layer(self, layer: LayerConfig) -> None:
+        if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
+            raise ValueError(
+                f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
+                f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
+            )
+
+    def prep_forward(
+        self,
+        common: CommonAttentionMetadata,
+        block_tables: dict[int, torch.Tensor],
+        for_cudagraph_capture: bool = False,
+    ) -> None:
+        mode = self.manager_config.mamba_cache_mode
+        groups = set(self.group_of_layer.values())
+        self.plan = GatedDeltaPlan(
+            {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
+             for gid in groups}
+        )  # fmt: skip
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        self.convs = {name: views[0] for name, views in kv_caches.items()}
+        self.states = {name: views[1] for name, views in kv_caches.items()}
+        self.group_of_layer = dict(block_table_map)
+
+    def forward(
+        self,
+        layer: LayerConfig,
+        output: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        weights: GatedDeltaWeights = kwargs["mixer"]
+        rows = self.current_plan().requests[self.group_of_layer[layer.name]]
+        convs = self.convs[layer.name]
+        g = weights.A * F.softplus(key.float() + weights.dt_bias)  # [T, Hv] log decay
+        beta = value.sigmoid()
+        out = output.view(-1, self.num_heads, self.head_size)
+        for row in rows:
+            inputs, before = query[row.start : row.end], self._read(convs, row.read)
+            qkv, carried = causal_conv1d(inputs, before, weights.conv_weight, weights.conv_bias)
+            o = self._rule(qkv, g[row.start : row.end], beta[row.start : row.end], layer, row)
+            out[row.start : row.end] = o.to(out.dtype)
+            convs[row.write] = carried.to(convs.dtype)
+            if row.checkpoints:  # the inputs before each checkpoint's row
+                window = torch.cat([before.to(inputs.dtype), inputs])
+                for rows_done, block in row.checkpoints:
+                    convs[block] = window[rows_done : rows_done + self.conv_kernel - 1]
+        return output
+
+    def _rule(
+        self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, layer: LayerConfig,
+        row: StateRow,
+    ) -> torch.Tensor:  # fmt: skip
+        """One request's convolved rows through the gated delta rule; writes its states."""
+        states = self.states[layer.name]
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.num_heads * self.head_size], -1)
+        q, k = (t.reshape(-1, self.num_k_heads, self.k_head_size) for t in (q, k))
+        q, k = prepare_qk(q, k, self.num_heads)
+        v = v.reshape(-1, self.num_heads, self.head_size)
+        state = self._read(states, row.read)
+        if len(v) == 1:
+            o, new = gated_delta_step(q, k, v, g, beta, state[None])
+            o, state = o[0], new[0]
+        else:
+            ends = tuple(end for end, _ in row.checkpoints)
+            o, state, saved = gated_delta_chunked(
+                q, k, v, g, beta, state, self.chunk_size, row.offset, ends
+            )
+            for (_, block), checkpoint in zip(row.checkpoints, saved, strict=True):
+                states[block] = checkpoint
+        states[row.write] = state
+        return o
+
+    @staticmethod
+    def _read(states: torch.Tensor, block: int | None) -> torch.Tensor:
+        if block is None:
+            return torch.zeros(states.shape[1:], dtype=states.dtype, device=states.device)
+        return states[block].clone()
