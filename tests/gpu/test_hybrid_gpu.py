@@ -49,3 +49,18 @@ def test_state_kernels_give_transformers_tokens_and_logits(family, mode, tmp_pat
     assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
     cached = [o.num_cached_tokens for o in outputs]
     assert (sum(cached) == 0) == (mode == "none"), cached
+
+
+@pytest.mark.parametrize("family", ["nemotron-h", "granite-4.0-h"])
+def test_speculation_over_state_layers_on_the_gpu(family, tmp_path):
+    """n-gram drafts over state slots: one-token steps read the kept slot through the Triton
+    update kernels, verify steps leave a state per token (decode runs eagerly)."""
+    hf = make_family_model(family, **CHUNK[family])
+    path = save_hf_model(hf, tmp_path / family)
+    engine = LLMEngine(str(path), device="cuda", dtype="float32", max_num_seqs=4,
+                       max_model_len=128, kv_cache_memory="64MiB", max_num_batched_tokens=48,
+                       speculative_method="ngram", num_speculative_tokens=3)  # fmt: skip
+    params = SamplingParams(max_tokens=12, ignore_eos=True, return_logits=True)
+    prompts = [PREFIX[:9] * 4, PROMPTS[3]]
+    check(hf, prompts, engine.generate(prompts, params))
+    assert engine.runner.graphs is None and engine.stats.spec_drafted > 0
