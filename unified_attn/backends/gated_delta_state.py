@@ -17,16 +17,13 @@ output; the model norms, gates and projects it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
 import torch.nn.functional as F
 
 from unified_attn.backend import (
-    AttentionBackend,
-    AttentionType,
-    CacheConfig,
     CommonAttentionMetadata,
     LayerConfig,
 )
@@ -37,10 +34,9 @@ from unified_attn.backends.gated_delta_math import (
     gated_delta_step,
     prepare_qk,
 )
-from unified_attn.backends.state_rows import StateRow, state_rows
-from unified_attn.managers import StateManager
-from unified_attn.selector import SelectorConfig, register_backend
-from unified_attn.tensor_specs import StateSpec
+from unified_attn.backends.state_backend import StateBackend
+from unified_attn.backends.state_rows import StateRow
+from unified_attn.selector import register_backend
 
 
 @attrs.frozen
@@ -49,7 +45,7 @@ class GatedDeltaPlan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 100})
-class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
+class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
     """One instance serves every gated delta-net layer of the same shape."""
 
     name = "gated_delta"
@@ -65,47 +61,23 @@ class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
         k_head_size: int,
         conv_kernel: int,
         chunk_size: int = 64,
-        mamba_cache_mode: Literal["none", "align", "all"] = "align",
-        num_speculative_blocks: int = 0,
         **options: Any,
     ) -> None:
-        super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
-        self.num_heads, self.num_k_heads, self.k_head_size = num_heads, num_k_heads, k_head_size
+        super().__init__(num_heads=num_heads, head_size=head_size, dtype=dtype, **options)
+        self.num_k_heads, self.k_head_size = num_k_heads, k_head_size
         self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
         self.key_dim = num_k_heads * k_head_size
         self.conv_dim = 2 * self.key_dim + num_heads * head_size
-        self.manager_config = StateManager.Config(
-            mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
-        )
         self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
         self.states: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, Hv, Dk, Dv] float32
-
-    @classmethod
-    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
-        if cfg.attn_type != AttentionType.DECODER:
-            return [f"attention type {cfg.attn_type.value} is not supported"]
-        return []
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
         return False  # the chunked rule's bits depend on where a step's chunks begin
 
-    def get_cache_config(self) -> CacheConfig:
-        spec = StateSpec(
-            shapes=[
-                (self.conv_kernel - 1, self.conv_dim),
-                (self.num_heads, self.k_head_size, self.head_size),
-            ],
-            dtypes=[self.dtype, "float32"],
-        )
-        return StateManager, self.manager_config, spec
-
-    def check_layer(self, layer: LayerConfig) -> None:
-        if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
-            raise ValueError(
-                f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
-                f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
-            )
+    def state_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype | str]]:
+        return [((self.conv_kernel - 1, self.conv_dim), self.dtype),
+                ((self.num_heads, self.k_head_size, self.head_size), "float32")]  # fmt: skip
 
     def prep_forward(
         self,
@@ -113,12 +85,7 @@ class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        mode = self.manager_config.mamba_cache_mode
-        groups = set(self.group_of_layer.values())
-        self.plan = GatedDeltaPlan(
-            {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
-             for gid in groups}
-        )  # fmt: skip
+        self.plan = GatedDeltaPlan(self.plan_rows(common, block_tables))
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.convs = {name: views[0] for name, views in kv_caches.items()}
@@ -141,7 +108,7 @@ class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
         beta = value.sigmoid()
         out = output.view(-1, self.num_heads, self.head_size)
         for row in rows:
-            inputs, before = query[row.start : row.end], self._read(convs, row.read)
+            inputs, before = query[row.start : row.end], self.read_state(convs, row.read)
             qkv, carried = causal_conv1d(inputs, before, weights.conv_weight, weights.conv_bias)
             o = self._rule(qkv, g[row.start : row.end], beta[row.start : row.end], layer, row)
             out[row.start : row.end] = o.to(out.dtype)
@@ -162,7 +129,7 @@ class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
         q, k = (t.reshape(-1, self.num_k_heads, self.k_head_size) for t in (q, k))
         q, k = prepare_qk(q, k, self.num_heads)
         v = v.reshape(-1, self.num_heads, self.head_size)
-        state = self._read(states, row.read)
+        state = self.read_state(states, row.read)
         if len(v) == 1:
             o, new = gated_delta_step(q, k, v, g, beta, state[None])
             o, state = o[0], new[0]
@@ -175,9 +142,3 @@ class GatedDeltaStateBackend(AttentionBackend[GatedDeltaPlan]):
                 states[block] = checkpoint
         states[row.write] = state
         return o
-
-    @staticmethod
-    def _read(states: torch.Tensor, block: int | None) -> torch.Tensor:
-        if block is None:
-            return torch.zeros(states.shape[1:], dtype=states.dtype, device=states.device)
-        return states[block].clone()

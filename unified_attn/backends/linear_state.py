@@ -16,22 +16,18 @@ token t's output and state depend only on the tokens up to t.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
 
 from unified_attn.backend import (
-    AttentionBackend,
-    AttentionType,
-    CacheConfig,
     CommonAttentionMetadata,
     LayerConfig,
 )
-from unified_attn.backends.state_rows import StateRow, state_rows
-from unified_attn.managers import StateManager
-from unified_attn.selector import SelectorConfig, register_backend
-from unified_attn.tensor_specs import StateSpec
+from unified_attn.backends.state_backend import StateBackend
+from unified_attn.backends.state_rows import StateRow
+from unified_attn.selector import register_backend
 
 CHUNK = 64
 
@@ -42,7 +38,7 @@ class StatePlan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 100})
-class LinearStateBackend(AttentionBackend[StatePlan]):
+class LinearStateBackend(StateBackend[StatePlan]):
     """One instance serves every linear-attention layer with the same head shape."""
 
     name = "linear-state"
@@ -54,39 +50,17 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         num_heads: int,
         head_size: int,
         dtype: torch.dtype | str,
-        mamba_cache_mode: Literal["none", "align", "all"] = "align",
-        num_speculative_blocks: int = 0,
         **options: Any,
     ) -> None:
-        super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
-        self.num_heads = num_heads
-        self.manager_config = StateManager.Config(
-            mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
-        )
+        super().__init__(num_heads=num_heads, head_size=head_size, dtype=dtype, **options)
         self.states: dict[str, torch.Tensor] = {}  # layer name -> [num_blocks, H, D, D] float32
-
-    @classmethod
-    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
-        if cfg.attn_type != AttentionType.DECODER:
-            return [f"attention type {cfg.attn_type.value} is not supported"]
-        return []
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
         return True  # every request on its own; token by token in batch-invariant mode
 
-    def get_cache_config(self) -> CacheConfig:
-        spec = StateSpec(
-            shapes=[(self.num_heads, self.head_size, self.head_size)], dtypes=["float32"]
-        )
-        return StateManager, self.manager_config, spec
-
-    def check_layer(self, layer: LayerConfig) -> None:
-        if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
-            raise ValueError(
-                f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
-                f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
-            )
+    def state_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype | str]]:
+        return [((self.num_heads, self.head_size, self.head_size), "float32")]
 
     def prep_forward(
         self,
@@ -94,11 +68,7 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        mode = self.manager_config.mamba_cache_mode
-        self.plan = StatePlan(
-            {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
-             for gid in set(self.group_of_layer.values())}
-        )  # fmt: skip
+        self.plan = StatePlan(self.plan_rows(common, block_tables))
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.states = {name: views[0] for name, views in kv_caches.items()}
@@ -120,11 +90,7 @@ class LinearStateBackend(AttentionBackend[StatePlan]):
         plan = self.current_plan()
         scan = gated_linear_recurrence if self.batch_invariant else gated_linear_attention
         for row in plan.requests[self.group_of_layer[layer.name]]:
-            state = (
-                states[row.read].clone()
-                if row.read is not None
-                else torch.zeros(states.shape[1:], dtype=torch.float32, device=q.device)
-            )
+            state = self.read_state(states, row.read)
             # "all" mode: run up to each checkpoint, save it, go on
             begin = row.start
             for rows, block in (*row.checkpoints, (row.end - row.start, row.write)):

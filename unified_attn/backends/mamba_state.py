@@ -17,15 +17,12 @@ graphs; on the CPU, the torch forms of `mamba_math.py`, request by request.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
 
 from unified_attn.backend import (
-    AttentionBackend,
-    AttentionType,
-    CacheConfig,
     CommonAttentionMetadata,
     LayerConfig,
 )
@@ -38,10 +35,9 @@ from unified_attn.backends.mamba_device import (
     varlen,
 )
 from unified_attn.backends.mamba_math import causal_conv1d, discretize, ssd_scan, ssd_step
-from unified_attn.backends.state_rows import StateRow, state_rows
-from unified_attn.managers import StateManager
-from unified_attn.selector import SelectorConfig, register_backend
-from unified_attn.tensor_specs import StateSpec
+from unified_attn.backends.state_backend import StateBackend
+from unified_attn.backends.state_rows import StateRow
+from unified_attn.selector import register_backend
 
 
 @attrs.frozen
@@ -54,7 +50,7 @@ class Mamba2Plan:
 
 
 @register_backend(priority={"cpu": 100, "cuda": 100})
-class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
+class Mamba2StateBackend(StateBackend[Mamba2Plan]):
     """One instance serves every Mamba-2 layer of the same shape."""
 
     name = "mamba2"
@@ -71,30 +67,19 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         conv_kernel: int,
         chunk_size: int,
         time_step_limit: tuple[float, float] = (0.0, float("inf")),
-        mamba_cache_mode: Literal["none", "align", "all"] = "align",
-        num_speculative_blocks: int = 0,
         **options: Any,
     ) -> None:
-        super().__init__(num_kv_heads=num_heads, head_size=head_size, dtype=dtype, **options)
-        self.num_heads, self.num_groups, self.state_size = num_heads, num_groups, state_size
+        super().__init__(num_heads=num_heads, head_size=head_size, dtype=dtype, **options)
+        self.num_groups, self.state_size = num_groups, state_size
         self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
         self.time_step_limit = time_step_limit
         self.conv_dim = num_heads * head_size + 2 * num_groups * state_size
-        self.manager_config = StateManager.Config(
-            mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
-        )
         self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
         self.ssms: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, H, P, N] float32
         self.on_cuda = False
         # the Triton scan takes chunks of a power of two >= 16 (real models: 128, 256); other
         # sizes run the torch scan (decode steps take the kernels whatever the chunk)
         self.kernel_scan = chunk_size >= 16 and not chunk_size & (chunk_size - 1)
-
-    @classmethod
-    def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
-        if cfg.attn_type != AttentionType.DECODER:
-            return [f"attention type {cfg.attn_type.value} is not supported"]
-        return []
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
@@ -108,22 +93,9 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
     def plans_inside_cuda_graphs(cls) -> bool:
         return True  # a graph step's slots come from seq_lens and the block tables alone
 
-    def get_cache_config(self) -> CacheConfig:
-        spec = StateSpec(
-            shapes=[
-                (self.conv_kernel - 1, self.conv_dim),
-                (self.num_heads, self.head_size, self.state_size),
-            ],
-            dtypes=[self.dtype, "float32"],
-        )
-        return StateManager, self.manager_config, spec
-
-    def check_layer(self, layer: LayerConfig) -> None:
-        if (layer.num_heads, layer.head_size) != (self.num_heads, self.head_size):
-            raise ValueError(
-                f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
-                f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
-            )
+    def state_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype | str]]:
+        return [((self.conv_kernel - 1, self.conv_dim), self.dtype),
+                ((self.num_heads, self.head_size, self.state_size), "float32")]  # fmt: skip
 
     def prep_forward(
         self,
@@ -138,8 +110,7 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
                 gid: device_slots(common.seq_lens, block_tables[gid], common.block_sizes[gid],
                                   mode) for gid in groups}, decode=True)  # fmt: skip
             return
-        rows = {gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
-                for gid in groups}  # fmt: skip
+        rows = self.plan_rows(common, block_tables)
         slots = None
         decode_step = common.max_query_len == 1
         if self.on_cuda and (decode_step or self.kernel_scan):
@@ -183,7 +154,7 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         dt = discretize(key, weights.dt_bias, self.time_step_limit)  # [T, H] float32
         out = output.view(-1, self.num_heads, self.head_size)
         for row in rows:
-            inputs, before = query[row.start : row.end], self._read(convs, row.read)
+            inputs, before = query[row.start : row.end], self.read_state(convs, row.read)
             xbc, carried = causal_conv1d(inputs, before, weights.conv_weight, weights.conv_bias)
             y = self._scan(xbc, dt[row.start : row.end], weights, ssms, row)
             out[row.start : row.end] = y.to(out.dtype)
@@ -203,7 +174,7 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
         x, B, C = xbc.split([inner, bc, bc], dim=-1)
         x = x.view(-1, self.num_heads, self.head_size)
         B, C = (t.reshape(-1, self.num_groups, self.state_size) for t in (B, C))
-        state = self._read(ssms, row.read)
+        state = self.read_state(ssms, row.read)
         if len(x) == 1:
             y, new = ssd_step(x, dt, weights.A, B, C, state[None])
             y, state = y[0], new[0]
@@ -216,9 +187,3 @@ class Mamba2StateBackend(AttentionBackend[Mamba2Plan]):
                 ssms[block] = checkpoint
         ssms[row.write] = state
         return y + weights.D.float()[:, None] * x.float()
-
-    @staticmethod
-    def _read(states: torch.Tensor, block: int | None) -> torch.Tensor:
-        if block is None:
-            return torch.zeros(states.shape[1:], dtype=states.dtype, device=states.device)
-        return states[block].clone()
