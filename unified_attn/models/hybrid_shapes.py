@@ -36,10 +36,11 @@ HYBRID_SHAPES: dict[str, HybridConfig] = {
         num_heads=32, num_kv_heads=8, head_size=128, intermediate_size=21504,
         mlp_activation="relu2", max_position_embeddings=8192,
     ),
-    # state-spaces/mamba2-2.7b
+    # state-spaces/mamba2-2.7b (no positional limit: `plan` defaults to its 2,048-token
+    # training context, `--max-model-len` plans others)
     "mamba2-2.7b": HybridConfig(
         name="mamba2-2.7b", vocab_size=50288, hidden_size=2560, blocks=["mamba"] * 64,
         mamba=Mamba2Config(num_heads=80, head_size=64, num_groups=1, state_size=128),
-        residual_in_fp32=True, max_position_embeddings=1 << 20,
+        residual_in_fp32=True, max_position_embeddings=2048,
     ),
 }  # fmt: skip

@@ -73,8 +73,9 @@ class HybridFamily(ModelFamily):
             "name": config.name,
             "layers": config.num_layers,
             "layer_kinds": ", ".join(f"{kind} x{n}" for kind, n in counts.items()),
-            "heads": f"{config.num_heads} / {config.num_kv_heads} KV x {config.head_size}; "
-            f"Mamba {m.num_heads} x {m.head_size}, state {m.state_size}",
+            "heads": (f"{config.num_heads} / {config.num_kv_heads} KV x {config.head_size}; "
+                      if "attention" in config.blocks else "")
+            + f"Mamba {m.num_heads} x {m.head_size}, state {m.state_size}",
             "max_position_embeddings": config.max_position_embeddings,
         }
 
