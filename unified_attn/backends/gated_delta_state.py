@@ -13,6 +13,10 @@ there too), both states saved at each.
 (the decay's input before the softplus), `value` is `b [T, Hv]` (the rate before the
 sigmoid), `mixer` the layer's `GatedDeltaWeights`. `output [T, Hv * Dv]` receives the rule's
 output; the model norms, gates and projects it.
+
+On CUDA the Triton kernels run (`gated_delta_device.py`: Mamba-2's convolution, the rule's
+one-token update and its token-by-token varlen kernel) and decode steps are captured in CUDA
+graphs; on the CPU, the torch forms of `gated_delta_math.py`, request by request.
 """
 
 from __future__ import annotations
@@ -21,19 +25,25 @@ from typing import Any
 
 import attrs
 import torch
-import torch.nn.functional as F
 
 from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
 from unified_attn.backend.state_layers import GatedDeltaWeights
+from unified_attn.backends.gated_delta_device import (
+    CHECKPOINT_GRID,
+    decay_and_rate,
+    decode,
+    varlen,
+)
 from unified_attn.backends.gated_delta_math import (
     causal_conv1d,
     gated_delta_chunked,
     gated_delta_step,
     prepare_qk,
 )
+from unified_attn.backends.mamba_device import DeviceSlots, device_slots, host_slots
 from unified_attn.backends.state_backend import StateBackend
 from unified_attn.backends.state_rows import StateRow
 from unified_attn.selector import register_backend
@@ -41,7 +51,11 @@ from unified_attn.selector import register_backend
 
 @attrs.frozen
 class GatedDeltaPlan:
-    requests: dict[int, list[StateRow]]  # host: group id -> one row per request
+    requests: dict[int, list[StateRow]]  # host: group id -> one row per request (torch path)
+    # CUDA: group id -> the step's slots for the kernels; None: the torch path
+    slots: dict[int, DeviceSlots] | None = None
+    query_start_loc: torch.Tensor | None = None  # device [R + 1] int32 (varlen steps)
+    decode: bool = False  # one token per request: the one-token kernels
 
 
 @register_backend(priority={"cpu": 100, "cuda": 100})
@@ -70,10 +84,19 @@ class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
         self.conv_dim = 2 * self.key_dim + num_heads * head_size
         self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
         self.states: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, Hv, Dk, Dv] float32
+        self.on_cuda = False
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
         return False  # the chunked rule's bits depend on where a step's chunks begin
+
+    @classmethod
+    def supports_cuda_graphs(cls) -> bool:
+        return True  # decode: the one-token kernels over slots the plan computes on the device
+
+    @classmethod
+    def plans_inside_cuda_graphs(cls) -> bool:
+        return True  # a graph step's slots come from seq_lens and the block tables alone
 
     def state_shapes(self) -> list[tuple[tuple[int, ...], torch.dtype | str]]:
         return [((self.conv_kernel - 1, self.conv_dim), self.dtype),
@@ -85,12 +108,27 @@ class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        self.plan = GatedDeltaPlan(self.plan_rows(common, block_tables))
+        mode = self.manager_config.mamba_cache_mode
+        groups = set(self.group_of_layer.values())
+        if common.graph_step:  # device work only: captured with the forward
+            self.plan = GatedDeltaPlan({}, {
+                gid: device_slots(common.seq_lens, block_tables[gid], common.block_sizes[gid],
+                                  mode) for gid in groups}, decode=True)  # fmt: skip
+            return
+        rows = self.plan_rows(common, block_tables)
+        slots: dict[int, DeviceSlots] | None = None
+        if self.on_cuda:  # the kernels save a state after any row: every step runs them
+            device = common.query_start_loc.device
+            planned = {gid: host_slots(rows[gid], CHECKPOINT_GRID, device) for gid in groups}
+            slots = {gid: s for gid, s in planned.items() if s is not None}
+        self.plan = GatedDeltaPlan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
+                                   decode=common.max_query_len == 1)  # fmt: skip
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.convs = {name: views[0] for name, views in kv_caches.items()}
         self.states = {name: views[1] for name, views in kv_caches.items()}
         self.group_of_layer = dict(block_table_map)
+        self.on_cuda = any(s.device.type == "cuda" for s in self.states.values())
 
     def forward(
         self,
@@ -102,10 +140,12 @@ class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
         **kwargs: Any,
     ) -> torch.Tensor:
         weights: GatedDeltaWeights = kwargs["mixer"]
-        rows = self.current_plan().requests[self.group_of_layer[layer.name]]
+        plan, gid = self.current_plan(), self.group_of_layer[layer.name]
         convs = self.convs[layer.name]
-        g = weights.A * F.softplus(key.float() + weights.dt_bias)  # [T, Hv] log decay
-        beta = value.sigmoid()
+        g, beta = decay_and_rate(key, value, weights)  # [T, Hv] float32 each
+        if plan.slots is not None:
+            return self._forward_kernels(layer, output, query, g, beta, weights, plan.slots[gid])
+        rows = plan.requests[gid]
         out = output.view(-1, self.num_heads, self.head_size)
         for row in rows:
             inputs, before = query[row.start : row.end], self.read_state(convs, row.read)
@@ -117,6 +157,21 @@ class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
                 window = torch.cat([before.to(inputs.dtype), inputs])
                 for rows_done, block in row.checkpoints:
                     convs[block] = window[rows_done : rows_done + self.conv_kernel - 1]
+        return output
+
+    def _forward_kernels(
+        self, layer: LayerConfig, output: torch.Tensor, qkv: torch.Tensor, g: torch.Tensor,
+        beta: torch.Tensor, weights: GatedDeltaWeights, slots: DeviceSlots,
+    ) -> torch.Tensor:  # fmt: skip
+        plan = self.current_plan()
+        convs, states = self.convs[layer.name], self.states[layer.name]
+        shape = (self.num_k_heads, self.k_head_size, self.num_heads, self.head_size)
+        if plan.decode:
+            o = decode(qkv, g, beta, weights, convs, states, slots, shape)
+        else:
+            assert plan.query_start_loc is not None
+            o = varlen(qkv, g, beta, weights, convs, states, slots, plan.query_start_loc, shape)
+        output.view(o.shape).copy_(o)
         return output
 
     def _rule(

@@ -108,7 +108,7 @@ def varlen(
     from unified_attn.backends.triton.ssm_ops import causal_conv1d_varlen, ssd_scan_varlen
 
     assert slots.offsets is not None
-    before = _conv_windows(xbc, convs, slots) if slots.conv_checkpoints else None
+    before = conv_windows(xbc, convs, slots) if slots.conv_checkpoints else None
     conv = causal_conv1d_varlen(xbc, query_start_loc, convs, slots.read, slots.write,
                                 weights.conv_weight, weights.conv_bias)  # fmt: skip
     x, B, C = _split(conv, shape)
@@ -121,7 +121,7 @@ def varlen(
     return y
 
 
-def _conv_windows(xbc: torch.Tensor, convs: torch.Tensor, slots: DeviceSlots) -> list[torch.Tensor]:
+def conv_windows(xbc: torch.Tensor, convs: torch.Tensor, slots: DeviceSlots) -> list[torch.Tensor]:
     """The `K - 1` convolution inputs before each checkpoint (carried rows from the state read,
     which the kernels may overwrite, so taken first)."""
     width = convs.shape[1]

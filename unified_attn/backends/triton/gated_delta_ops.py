@@ -1,0 +1,180 @@
+"""Launchers of the gated delta rule kernels (`kernels/ssm/gated_delta_*.py`), Qwen3-Next's
+linear attention, for a batch of requests over a pool of float32 state blocks
+`[num_blocks, Hv, Dk, Dv]`. The convolution before the rule is Mamba-2's
+(`ssm_ops.causal_conv1d_varlen` / `causal_conv1d_update`).
+
+Request r reads its state from block `read_slots[r]` (-1: zeros) and writes the new one to
+block `write_slots[r]` (-1: not written); the two may be equal, but a block one request writes
+must not be read or written by another request of the same call. q and k `[rows, Hk, Dk]` are
+L2-normalised (`gated_delta_math.prepare_qk` without the repeat and the scale), or normalised
+here with `l2norm=True`; each key head serves `Hv / Hk` value heads; the kernels multiply q by
+`scale`. No launcher synchronises with the host; `gated_delta_update` is graph-capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from unified_attn.backends.gated_delta_math import L2_EPS
+from unified_attn.backends.triton.ssm_checks import FLOAT_DTYPES, check_slots, check_tensor
+from unified_attn.kernels.ssm import gated_delta_update as update_kernels
+from unified_attn.kernels.ssm import gated_delta_varlen as varlen_kernels
+
+INT32, FLOAT32 = (torch.int32,), (torch.float32,)
+UPDATE_TILE = 4096  # float32 elements of a decode program's state tile (16 KiB)
+VARLEN_BLOCK_V = 16  # state columns a prefill program keeps in registers
+
+
+def gated_delta_update(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    read_slots: torch.Tensor,
+    write_slots: torch.Tensor,
+    scale: float,
+    *,
+    l2norm: bool = False,
+) -> torch.Tensor:
+    """Decode: one token per request. q, k `[R, Hk, Dk]`, v `[R, Hv, Dv]`, g (log decay) and
+    beta `[R, Hv]` float32 -> o `[R, Hv, Dv]` in v's dtype (`gated_delta_math.gated_delta_step`
+    with q scaled by `scale`); states[write_slots[r]] := the new state. One launch."""
+    op = "gated_delta_update"
+    rows = _check_rule(op, q, k, v, g, beta, states)
+    check_slots(op, "read_slots", read_slots, rows, v.device)
+    check_slots(op, "write_slots", write_slots, rows, v.device)
+    o = torch.empty_like(v)
+    if rows:
+        block_v, num_warps = update_tiles(k.shape[2], v.shape[2])
+        launch_update(q, k, v, g, beta, states, read_slots, write_slots, o, scale, l2norm,
+                      block_v, num_warps)  # fmt: skip
+    return o
+
+
+def update_tiles(k_dim: int, v_dim: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the decode kernel: `[Dk, BLOCK_V]` tiles of ~UPDATE_TILE
+    elements, many programs in flight (a memory-bound stream)."""
+    block_v = max(1, min(triton.next_power_of_2(v_dim), UPDATE_TILE // _pow2(k_dim)))
+    return block_v, 4
+
+
+def launch_update(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, read_slots: torch.Tensor, write_slots: torch.Tensor, o: torch.Tensor,
+    scale: float, l2norm: bool, block_v: int, num_warps: int,
+) -> None:  # fmt: skip
+    """The decode kernel with explicit tiles, unchecked (`gated_delta_update` checks; a
+    benchmark sweeps tiles through this)."""
+    rows, num_heads, v_dim = v.shape
+    k_dim = k.shape[2]
+    grid = (rows, num_heads, triton.cdiv(v_dim, block_v))
+    update_kernels.gated_delta_update_kernel[grid](
+        q, k, v, g, beta, o, states, read_slots, write_slots, float(scale), L2_EPS,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), o.stride(0), o.stride(1), states.stride(0),
+        states.stride(1), states.stride(2), HEADS_PER_KEY=num_heads // k.shape[1],
+        K_DIM=k_dim, V_DIM=v_dim, BLOCK_K=_pow2(k_dim), BLOCK_V=block_v, L2NORM=l2norm,
+        num_warps=num_warps,
+    )  # fmt: skip
+
+
+def gated_delta_chunked_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    offsets: torch.Tensor,
+    states: torch.Tensor,
+    read_slots: torch.Tensor,
+    write_slots: torch.Tensor,
+    scale: float,
+    chunk_size: int,
+    checkpoint_slots: torch.Tensor | None = None,
+    *,
+    l2norm: bool = False,
+) -> torch.Tensor:
+    """Prefill: each request's rows through the rule. q, k `[T, Hk, Dk]`, v `[T, Hv, Dv]`, g and
+    beta `[T, Hv]` float32, query_start_loc `[R + 1]` and offsets `[R]` int32 (tokens each
+    request had before) -> o `[T, Hv, Dv]` in v's dtype (`gated_delta_math.gated_delta_chunked`
+    per request, computed token by token: exact whatever the chunking).
+
+    checkpoint_slots `[R, M]` int32: entry j of request r receives the state after absolute
+    position `(offsets[r] // chunk_size + 1 + j) * chunk_size` if that is within its new rows
+    (`<= offsets[r] + rows`); -1 or a position past the rows: nothing written. Any
+    `chunk_size >= 1` (1: entry j is the state after the request's first j + 1 rows)."""
+    op = "gated_delta_chunked_varlen"
+    _check_rule(op, q, k, v, g, beta, states)
+    num_requests = query_start_loc.shape[0] - 1
+    check_tensor(op, "query_start_loc", query_start_loc, (num_requests + 1,), INT32, v.device)
+    check_tensor(op, "offsets", offsets, (num_requests,), INT32, v.device)
+    check_slots(op, "read_slots", read_slots, num_requests, v.device)
+    check_slots(op, "write_slots", write_slots, num_requests, v.device)
+    if checkpoint_slots is not None:
+        check_tensor(op, "checkpoint_slots", checkpoint_slots, (num_requests, None), INT32,
+                     v.device, unit_stride=True)  # fmt: skip
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size is {chunk_size!r}, expected a positive int")
+    o = torch.empty_like(v)
+    if num_requests:
+        ckpt = read_slots[:, None] if checkpoint_slots is None else checkpoint_slots
+        _launch_varlen(q, k, v, g, beta, query_start_loc, offsets, states, read_slots,
+                       write_slots, ckpt, checkpoint_slots is not None, o, scale, chunk_size,
+                       l2norm)  # fmt: skip
+    return o
+
+
+def _launch_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    qsl: torch.Tensor, offsets: torch.Tensor, states: torch.Tensor, read_slots: torch.Tensor,
+    write_slots: torch.Tensor, ckpt: torch.Tensor, has_checkpoints: bool, o: torch.Tensor,
+    scale: float, chunk_size: int, l2norm: bool,
+) -> None:  # fmt: skip
+    _, num_heads, v_dim = v.shape
+    k_dim = k.shape[2]
+    block_v = min(VARLEN_BLOCK_V, triton.next_power_of_2(v_dim))
+    grid = (qsl.shape[0] - 1, num_heads, triton.cdiv(v_dim, block_v))
+    varlen_kernels.gated_delta_varlen_kernel[grid](
+        q, k, v, g, beta, o, qsl, offsets, states, read_slots, write_slots, ckpt,
+        ckpt.shape[1] if has_checkpoints else 0, chunk_size, float(scale), L2_EPS,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), o.stride(0), o.stride(1), states.stride(0),
+        states.stride(1), states.stride(2), ckpt.stride(0),
+        HEADS_PER_KEY=num_heads // k.shape[1], K_DIM=k_dim, V_DIM=v_dim,
+        BLOCK_K=_pow2(k_dim), BLOCK_V=block_v, L2NORM=l2norm,
+        HAS_CHECKPOINTS=has_checkpoints, num_warps=4,
+    )  # fmt: skip
+
+
+def _check_rule(
+    op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+    beta: torch.Tensor, states: torch.Tensor,
+) -> int:  # fmt: skip
+    """The rows after checking every shape against v `[rows, Hv, Dv]` and q `[rows, Hk, Dk]`."""
+    device = v.device
+    check_tensor(op, "v", v, (None, None, None), FLOAT_DTYPES, device, unit_stride=True)
+    rows, num_heads, v_dim = v.shape
+    check_tensor(op, "q", q, (rows, None, None), FLOAT_DTYPES, device, unit_stride=True)
+    check_tensor(op, "k", k, q.shape, FLOAT_DTYPES, device, unit_stride=True)
+    key_heads, k_dim = q.shape[1], q.shape[2]
+    if key_heads <= 0 or num_heads % key_heads:
+        raise ValueError(
+            f"{op}: q and k have {key_heads} heads, expected a divisor of v's {num_heads} heads"
+        )
+    for name, t in (("g", g), ("beta", beta)):
+        check_tensor(op, name, t, (rows, num_heads), FLOAT32, device, unit_stride=True)
+    check_tensor(op, "states", states, (None, num_heads, k_dim, v_dim), FLOAT32, device)
+    if states.numel() and (states.stride(-1), states.stride(-2)) != (1, v_dim):
+        raise ValueError(
+            f"{op}: states has stride {states.stride()}, expected each head's [Dk, Dv] state "
+            f"contiguous (strides (..., {v_dim}, 1))"
+        )
+    return rows
+
+
+def _pow2(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))
