@@ -5,8 +5,8 @@ scan's entries (the j-th chunk end after the request's offset)."""
 import pytest
 import torch
 
-from unified_attn.backends.mamba_device import device_slots, host_slots
 from unified_attn.backends.state_rows import StateRow
+from unified_attn.backends.state_slots import device_slots, host_slots
 
 
 @pytest.mark.parametrize("mode", ["none", "align", "all"])

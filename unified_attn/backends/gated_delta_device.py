@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from unified_attn.backend.state_layers import GatedDeltaWeights
-from unified_attn.backends.mamba_device import DeviceSlots, conv_windows
+from unified_attn.backends.state_slots import DeviceSlots, conv_windows
 
 CHECKPOINT_GRID = 1  # the rule kernel's checkpoint entry j: the state after j + 1 rows
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
 from unified_attn.backend import (
@@ -43,23 +42,14 @@ from unified_attn.backends.gated_delta_math import (
     gated_delta_step,
     prepare_qk,
 )
-from unified_attn.backends.mamba_device import DeviceSlots, device_slots, host_slots
-from unified_attn.backends.state_backend import StateBackend
+from unified_attn.backends.state_backend import KernelStepPlan, StateBackend
 from unified_attn.backends.state_rows import StateRow
+from unified_attn.backends.state_slots import DeviceSlots
 from unified_attn.selector import register_backend
 
 
-@attrs.frozen
-class GatedDeltaPlan:
-    requests: dict[int, list[StateRow]]  # host: group id -> one row per request (torch path)
-    # CUDA: group id -> the step's slots for the kernels; None: the torch path
-    slots: dict[int, DeviceSlots] | None = None
-    query_start_loc: torch.Tensor | None = None  # device [R + 1] int32 (varlen steps)
-    decode: bool = False  # one token per request: the one-token kernels
-
-
 @register_backend(priority={"cpu": 100, "cuda": 100})
-class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
+class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
     """One instance serves every gated delta-net layer of the same shape."""
 
     name = "gated_delta"
@@ -108,21 +98,9 @@ class GatedDeltaStateBackend(StateBackend[GatedDeltaPlan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        mode = self.manager_config.mamba_cache_mode
-        groups = set(self.group_of_layer.values())
-        if common.graph_step:  # device work only: captured with the forward
-            self.plan = GatedDeltaPlan({}, {
-                gid: device_slots(common.seq_lens, block_tables[gid], common.block_sizes[gid],
-                                  mode) for gid in groups}, decode=True)  # fmt: skip
-            return
-        rows = self.plan_rows(common, block_tables)
-        slots: dict[int, DeviceSlots] | None = None
-        if self.on_cuda:  # the kernels save a state after any row: every step runs them
-            device = common.query_start_loc.device
-            planned = {gid: host_slots(rows[gid], CHECKPOINT_GRID, device) for gid in groups}
-            slots = {gid: s for gid, s in planned.items() if s is not None}
-        self.plan = GatedDeltaPlan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
-                                   decode=common.max_query_len == 1)  # fmt: skip
+        # the kernels save a state after any row: on CUDA every step runs them
+        self.plan = self.plan_kernel_step(common, block_tables,
+                                          CHECKPOINT_GRID if self.on_cuda else None)
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.convs = {name: views[0] for name, views in kv_caches.items()}

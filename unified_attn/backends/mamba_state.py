@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
 from unified_attn.backend import (
@@ -28,29 +27,17 @@ from unified_attn.backend import (
 )
 from unified_attn.backend.state_layers import Mamba2Weights
 from unified_attn.backends.mamba_device import (
-    DeviceSlots,
     decode,
-    device_slots,
-    host_slots,
     varlen,
 )
 from unified_attn.backends.mamba_math import causal_conv1d, discretize, ssd_scan, ssd_step
-from unified_attn.backends.state_backend import StateBackend
+from unified_attn.backends.state_backend import KernelStepPlan, StateBackend
 from unified_attn.backends.state_rows import StateRow
 from unified_attn.selector import register_backend
 
 
-@attrs.frozen
-class Mamba2Plan:
-    requests: dict[int, list[StateRow]]  # host: group id -> one row per request (torch path)
-    # CUDA: group id -> the step's slots for the kernels; None: the torch path
-    slots: dict[int, DeviceSlots] | None = None
-    query_start_loc: torch.Tensor | None = None  # device [R + 1] int32 (varlen steps)
-    decode: bool = False  # one token per request: the one-token kernels
-
-
 @register_backend(priority={"cpu": 100, "cuda": 100})
-class Mamba2StateBackend(StateBackend[Mamba2Plan]):
+class Mamba2StateBackend(StateBackend[KernelStepPlan]):
     """One instance serves every Mamba-2 layer of the same shape."""
 
     name = "mamba2"
@@ -103,23 +90,9 @@ class Mamba2StateBackend(StateBackend[Mamba2Plan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        mode = self.manager_config.mamba_cache_mode
-        groups = set(self.group_of_layer.values())
-        if common.graph_step:  # device work only: captured with the forward
-            self.plan = Mamba2Plan({}, {
-                gid: device_slots(common.seq_lens, block_tables[gid], common.block_sizes[gid],
-                                  mode) for gid in groups}, decode=True)  # fmt: skip
-            return
-        rows = self.plan_rows(common, block_tables)
-        slots = None
-        decode_step = common.max_query_len == 1
-        if self.on_cuda and (decode_step or self.kernel_scan):
-            device = common.query_start_loc.device
-            planned = {gid: host_slots(rows[gid], self.chunk_size, device) for gid in groups}
-            if all(s is not None for s in planned.values()):
-                slots = {gid: s for gid, s in planned.items() if s is not None}
-        self.plan = Mamba2Plan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
-                               decode=decode_step)  # fmt: skip
+        kernels = self.on_cuda and (common.max_query_len == 1 or self.kernel_scan)
+        self.plan = self.plan_kernel_step(common, block_tables,
+                                          self.chunk_size if kernels else None)  # fmt: skip
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.convs = {name: views[0] for name, views in kv_caches.items()}

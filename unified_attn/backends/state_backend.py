@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
+import attrs
 import torch
 
 from unified_attn.backend import (
@@ -17,11 +18,23 @@ from unified_attn.backend import (
     LayerConfig,
 )
 from unified_attn.backends.state_rows import StateRow, state_rows
+from unified_attn.backends.state_slots import DeviceSlots, device_slots, host_slots
 from unified_attn.managers import StateManager
 from unified_attn.selector import SelectorConfig
 from unified_attn.tensor_specs import StateSpec
 
 PlanT = TypeVar("PlanT")
+
+
+@attrs.frozen
+class KernelStepPlan:
+    """A step of a state backend with a kernel path (Mamba-2, gated delta-net)."""
+
+    requests: dict[int, list[StateRow]]  # host: group id -> one row per request (torch path)
+    # group id -> the step's slots for the kernels; None: the torch path
+    slots: dict[int, DeviceSlots] | None = None
+    query_start_loc: torch.Tensor | None = None  # device [R + 1] int32 (varlen steps)
+    decode: bool = False  # one token per request: the one-token kernels
 
 
 class StateBackend(AttentionBackend[PlanT]):
@@ -74,6 +87,30 @@ class StateBackend(AttentionBackend[PlanT]):
             gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
             for gid in set(self.group_of_layer.values())
         }
+
+    def plan_kernel_step(
+        self, common: CommonAttentionMetadata, block_tables: dict[int, torch.Tensor],
+        checkpoint_grid: int | None,
+    ) -> KernelStepPlan:  # fmt: skip
+        """The step's plan: in a CUDA-graph decode step, slots from device tensors alone
+        (captured with the forward); else the host rows, and slots for the kernels when
+        `checkpoint_grid` (the rows on which they can save a state) is given and every
+        checkpoint falls on it."""
+        groups = set(self.group_of_layer.values())
+        mode = self.manager_config.mamba_cache_mode
+        if common.graph_step:
+            return KernelStepPlan({}, {
+                gid: device_slots(common.seq_lens, block_tables[gid], common.block_sizes[gid],
+                                  mode) for gid in groups}, decode=True)  # fmt: skip
+        rows = self.plan_rows(common, block_tables)
+        slots = None
+        if checkpoint_grid is not None:
+            device = common.query_start_loc.device
+            planned = {gid: host_slots(rows[gid], checkpoint_grid, device) for gid in groups}
+            if all(s is not None for s in planned.values()):
+                slots = {gid: s for gid, s in planned.items() if s is not None}
+        return KernelStepPlan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
+                              decode=common.max_query_len == 1)  # fmt: skip
 
     @staticmethod
     def read_state(states: torch.Tensor, block: int | None) -> torch.Tensor:
