@@ -6,10 +6,10 @@ speculative verify steps (a state per token)."""
 
 import pytest
 
+from tests.backends.kernel_path import force_kernel_path
 from tests.models.hf_models import make_family_model, save_hf_model
 from tests.runner.test_engine_hf_parity import PARAMS, check_against_hf, prompts
 from unified_attn import LLMEngine
-from unified_attn.backends import gated_delta_device
 from unified_attn.backends.gated_delta_state import GatedDeltaStateBackend
 
 
@@ -22,26 +22,8 @@ def qwen3_next(tmp_path_factory):
 @pytest.fixture
 def kernel_path(monkeypatch):
     """Every forward of the backend takes the kernels; counts their calls."""
-    calls = {"decode": 0, "varlen": 0}
-    bind = GatedDeltaStateBackend.bind_kv_caches
-
-    def bind_on_cuda(self, kv_caches, block_table_map):
-        bind(self, kv_caches, block_table_map)
-        self.on_cuda = True
-
-    def counted(name):
-        run = getattr(gated_delta_device, name)
-
-        def wrapper(*args):
-            calls[name] += 1
-            return run(*args)
-
-        return wrapper
-
-    monkeypatch.setattr(GatedDeltaStateBackend, "bind_kv_caches", bind_on_cuda)
-    for name in calls:
-        monkeypatch.setattr(f"unified_attn.backends.gated_delta_state.{name}", counted(name))
-    return calls
+    device = "unified_attn.backends.gated_delta_device"
+    return force_kernel_path(monkeypatch, GatedDeltaStateBackend, device)
 
 
 def test_kernel_path_matches_transformers(qwen3_next, kernel_path):

@@ -6,36 +6,17 @@ at chunk ends, and prefix hits."""
 
 import pytest
 
+from tests.backends.kernel_path import force_kernel_path
 from tests.models.hf_models import make_family_model, save_hf_model
 from tests.runner.test_engine_hf_parity import PARAMS, check_against_hf, prompts
 from unified_attn import LLMEngine
-from unified_attn.backends import mamba_device
 from unified_attn.backends.mamba_state import Mamba2StateBackend
 
 
 @pytest.fixture
 def kernel_path(monkeypatch):
     """Every forward of the backend takes the kernels; counts their calls."""
-    calls = {"decode": 0, "varlen": 0}
-    bind = Mamba2StateBackend.bind_kv_caches
-
-    def bind_on_cuda(self, kv_caches, block_table_map):
-        bind(self, kv_caches, block_table_map)
-        self.on_cuda = True
-
-    def counted(name):
-        run = getattr(mamba_device, name)
-
-        def wrapper(*args):
-            calls[name] += 1
-            return run(*args)
-
-        return wrapper
-
-    monkeypatch.setattr(Mamba2StateBackend, "bind_kv_caches", bind_on_cuda)
-    for name in calls:
-        monkeypatch.setattr(f"unified_attn.backends.mamba_state.{name}", counted(name))
-    return calls
+    return force_kernel_path(monkeypatch, Mamba2StateBackend, "unified_attn.backends.mamba_device")
 
 
 def test_kernel_path_matches_transformers(kernel_path, tmp_path):

@@ -72,9 +72,6 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
         self.key_dim = num_k_heads * k_head_size
         self.conv_dim = 2 * self.key_dim + num_heads * head_size
-        self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
-        self.states: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, Hv, Dk, Dv] float32
-        self.on_cuda = False
 
     @classmethod
     def supports_batch_invariance(cls) -> bool:
@@ -102,12 +99,6 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         self.plan = self.plan_kernel_step(common, block_tables,
                                           CHECKPOINT_GRID if self.on_cuda else None)
 
-    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        self.convs = {name: views[0] for name, views in kv_caches.items()}
-        self.states = {name: views[1] for name, views in kv_caches.items()}
-        self.group_of_layer = dict(block_table_map)
-        self.on_cuda = any(s.device.type == "cuda" for s in self.states.values())
-
     def forward(
         self,
         layer: LayerConfig,
@@ -119,7 +110,7 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
     ) -> torch.Tensor:
         weights: GatedDeltaWeights = kwargs["mixer"]
         plan, gid = self.current_plan(), self.group_of_layer[layer.name]
-        convs = self.convs[layer.name]
+        convs = self.caches[layer.name][0]  # [num_blocks, K - 1, conv_dim]
         g, beta = decay_and_rate(key, value, weights)  # [T, Hv] float32 each
         if plan.slots is not None:
             return self._forward_kernels(layer, output, query, g, beta, weights, plan.slots[gid])
@@ -142,7 +133,7 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         beta: torch.Tensor, weights: GatedDeltaWeights, slots: DeviceSlots,
     ) -> torch.Tensor:  # fmt: skip
         plan = self.current_plan()
-        convs, states = self.convs[layer.name], self.states[layer.name]
+        convs, states = self.caches[layer.name]
         shape = (self.num_k_heads, self.k_head_size, self.num_heads, self.head_size)
         if plan.decode:
             o = decode(qkv, g, beta, weights, convs, states, slots, shape)
@@ -157,7 +148,7 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         row: StateRow,
     ) -> torch.Tensor:  # fmt: skip
         """One request's convolved rows through the gated delta rule; writes its states."""
-        states = self.states[layer.name]
+        states = self.caches[layer.name][1]  # [num_blocks, Hv, Dk, Dv] float32
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.num_heads * self.head_size], -1)
         q, k = (t.reshape(-1, self.num_k_heads, self.k_head_size) for t in (q, k))
         q, k = prepare_qk(q, k, self.num_heads)

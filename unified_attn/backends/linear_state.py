@@ -44,17 +44,6 @@ class LinearStateBackend(StateBackend[StatePlan]):
     name = "linear-state"
     layer_kinds = ("linear_state",)
 
-    def __init__(
-        self,
-        *,
-        num_heads: int,
-        head_size: int,
-        dtype: torch.dtype | str,
-        **options: Any,
-    ) -> None:
-        super().__init__(num_heads=num_heads, head_size=head_size, dtype=dtype, **options)
-        self.states: dict[str, torch.Tensor] = {}  # layer name -> [num_blocks, H, D, D] float32
-
     @classmethod
     def supports_batch_invariance(cls) -> bool:
         return True  # every request on its own; token by token in batch-invariant mode
@@ -70,10 +59,6 @@ class LinearStateBackend(StateBackend[StatePlan]):
     ) -> None:
         self.plan = StatePlan(self.plan_rows(common, block_tables))
 
-    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        self.states = {name: views[0] for name, views in kv_caches.items()}
-        self.group_of_layer = dict(block_table_map)
-
     def forward(
         self,
         layer: LayerConfig,
@@ -85,7 +70,7 @@ class LinearStateBackend(StateBackend[StatePlan]):
     ) -> torch.Tensor:
         q, k, v = self.check_forward_inputs(layer, output, query, key, value)
         log_gate = kwargs["log_gate"]  # [T, H] float32, log g_t <= 0
-        states = self.states[layer.name]
+        (states,) = self.caches[layer.name]  # [num_blocks, H, D, D] float32
         out = output.view(q.shape)
         plan = self.current_plan()
         scan = gated_linear_recurrence if self.batch_invariant else gated_linear_attention

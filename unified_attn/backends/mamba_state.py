@@ -61,9 +61,6 @@ class Mamba2StateBackend(StateBackend[KernelStepPlan]):
         self.conv_kernel, self.chunk_size = conv_kernel, chunk_size
         self.time_step_limit = time_step_limit
         self.conv_dim = num_heads * head_size + 2 * num_groups * state_size
-        self.convs: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, K - 1, conv_dim]
-        self.ssms: dict[str, torch.Tensor] = {}  # layer -> [num_blocks, H, P, N] float32
-        self.on_cuda = False
         # the Triton scan takes chunks of a power of two >= 16 (real models: 128, 256); other
         # sizes run the torch scan (decode steps take the kernels whatever the chunk)
         self.kernel_scan = chunk_size >= 16 and not chunk_size & (chunk_size - 1)
@@ -94,12 +91,6 @@ class Mamba2StateBackend(StateBackend[KernelStepPlan]):
         self.plan = self.plan_kernel_step(common, block_tables,
                                           self.chunk_size if kernels else None)  # fmt: skip
 
-    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
-        self.convs = {name: views[0] for name, views in kv_caches.items()}
-        self.ssms = {name: views[1] for name, views in kv_caches.items()}
-        self.group_of_layer = dict(block_table_map)
-        self.on_cuda = any(v.device.type == "cuda" for v in self.ssms.values())
-
     def forward(
         self,
         layer: LayerConfig,
@@ -111,7 +102,7 @@ class Mamba2StateBackend(StateBackend[KernelStepPlan]):
     ) -> torch.Tensor:
         weights: Mamba2Weights = kwargs["mixer"]
         plan, gid = self.current_plan(), self.group_of_layer[layer.name]
-        convs, ssms = self.convs[layer.name], self.ssms[layer.name]
+        convs, ssms = self.caches[layer.name]  # [num_blocks, K - 1, conv_dim], [.., H, P, N]
         if plan.slots is not None:
             shape = (self.num_heads, self.head_size, self.num_groups, self.state_size)
             if plan.decode:

@@ -55,6 +55,9 @@ class StateBackend(AttentionBackend[PlanT]):
         self.manager_config = StateManager.Config(
             mamba_cache_mode=mamba_cache_mode, num_speculative_blocks=num_speculative_blocks
         )
+        # layer -> its state tensors, in `state_shapes` order, each `[num_blocks, *shape]`
+        self.caches: dict[str, tuple[torch.Tensor, ...]] = {}
+        self.on_cuda = False
 
     @classmethod
     def validate_configuration(cls, cfg: SelectorConfig) -> list[str]:
@@ -77,6 +80,11 @@ class StateBackend(AttentionBackend[PlanT]):
                 f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
                 f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
             )
+
+    def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
+        self.caches = {name: tuple(views) for name, views in kv_caches.items()}
+        self.group_of_layer = dict(block_table_map)
+        self.on_cuda = any(v.device.type == "cuda" for vs in self.caches.values() for v in vs)
 
     def plan_rows(
         self, common: CommonAttentionMetadata, block_tables: dict[int, torch.Tensor]
