@@ -137,11 +137,11 @@ def test_calibrated_fp8_scales_per_rank_keep_the_documented_tolerance():
     assert (fp8 - exact).abs().max() / largest > 1e-3  # the ranks' caches really are quantized
 
 
-@pytest.mark.parametrize("preset", ["tiny-llama", "mistral-like"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "mistral-like", "hybrid-linear"])
 def test_ngram_speculative_decoding_gives_the_tokens_of_one_device(preset):
     """Rank 0 proposes and verifies (greedy and rejection-sampled requests); the step messages
     carry the drafts, so every rank runs the same verification rows and appends the accepted
-    tokens."""
+    tokens (and, over state layers, resumes from the same state slot)."""
     options = dict(speculative_method="ngram", num_speculative_tokens=3, max_num_batched_tokens=48)
     engine = check_equal_to_one_device(preset, 2, params=SPEC_PARAMS, **options)
     assert engine.stats.spec_accepted > 0

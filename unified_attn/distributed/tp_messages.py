@@ -39,6 +39,9 @@ class Entry(NamedTuple):
     is_new: bool
     will_sample: bool
     spec_token_ids: tuple[int, ...]
+    # the request's state slot (state layers under speculative decoding), which rank 0's
+    # scheduler keeps: `Request.state_column`
+    state_column: int
 
 
 @attrs.frozen
@@ -79,6 +82,7 @@ class Mirror:
                     s.is_new,
                     s.will_sample,
                     s.spec_token_ids,
+                    request.state_column,
                 )
             )
         return StepMessage(new, tokens, entries, preempted, list(output.finished_ids))
@@ -100,10 +104,11 @@ class Replica:
             )
         for rid, tokens in message.tokens.items():
             self.requests[rid].append_output_token_ids(tokens)
-        scheduled = [
-            ScheduledRequest(self.requests[e.request_id], *e[1:])
-            for e in map(Entry._make, message.entries)
-        ]
+        scheduled = []
+        for entry in map(Entry._make, message.entries):
+            request = self.requests[entry.request_id]
+            request.state_column = entry.state_column
+            scheduled.append(ScheduledRequest(request, *entry[1:-1]))
         preempted = [self.requests[rid] for rid in message.preempted_ids if rid in self.requests]
         return SchedulerOutput(scheduled, preempted, message.finished_ids)
 

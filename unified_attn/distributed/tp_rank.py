@@ -93,7 +93,7 @@ def rank_model(config: Any, rank: int, world_size: int) -> ModelSource:
     backend_cls = select_backend(
         selector_configs(model_cfg, dtype, on_device), override=config.backend
     )
-    options = backend_options(config, config.batch_invariant)
+    options = backend_options(config, config.batch_invariant, model_cfg)
     model = family_of(model_cfg).shard(
         source.model,
         rank,

@@ -70,10 +70,14 @@ def selector_configs(
     )
 
 
-def backend_options(engine: Any, batch_invariant: bool) -> dict[str, Any]:
-    """The keyword arguments every attention backend of the model gets from the engine's
-    options (`EngineConfig`): batch-invariant mode, and an fp8 cache's torch dtype name."""
+def backend_options(engine: Any, batch_invariant: bool, config: AnyModelConfig) -> dict[str, Any]:
+    """The keyword arguments the backends of the model of `config` get from the engine's
+    options (`EngineConfig`): batch-invariant mode, an fp8 cache's torch dtype name, and for
+    its state layers the cache mode and a slot per draft token (`ModelFamily.state_options`;
+    the model hands those to its state backends only)."""
     options: dict[str, Any] = {"batch_invariant": True} if batch_invariant else {}
+    options |= family_of(config).state_options(config, state_cache_mode(engine),
+                                               state_slots_per_request(engine))  # fmt: skip
     return options | kv_cache_options(engine.kv_cache_dtype)
 
 
@@ -102,9 +106,7 @@ def load_model(engine: Any) -> ModelSource:
     selector_cfgs = selector_configs(config, dtype, engine)
     backend_cls = select_backend(selector_cfgs, override=engine.backend)
     family = family_of(config)
-    options = backend_options(engine, selector_cfgs[0].use_batch_invariant)
-    options |= family.state_options(config, state_cache_mode(engine),
-                                    state_slots_per_request(engine))  # fmt: skip
+    options = backend_options(engine, selector_cfgs[0].use_batch_invariant, config)
     if engine.model in family.presets:  # random weights, the byte tokenizer
         model = family.build(config, backend_cls, dtype=dtype, device=device,
                              backend_options=options)  # fmt: skip
