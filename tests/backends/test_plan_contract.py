@@ -21,17 +21,22 @@ CASES = [
     ("tiny-hybrid", "reference"),
     ("tiny-hybrid", "triton"),
     ("hybrid-linear", "reference"),  # state layers: LinearStateBackend
+    ("tiny-mamba-hybrid", "reference"),  # Mamba2StateBackend
     ("tiny-hybrid", f"{PORTS}:LegacyReferenceAdapter"),
     ("tiny-llama", f"{PORTS}:LegacyTritonAdapter"),
 ]
 
 
 def declared_plan_type(cls: type) -> type:
-    """The `PlanT` of `class X(AttentionBackend[PlanT])`, searched along the MRO."""
+    """The `PlanT` of `class X(AttentionBackend[PlanT])` (or of a generic subclass of it, as
+    `StateBackend[PlanT]`), the first concrete one along the MRO."""
     for klass in cls.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
-            if typing.get_origin(base) is AttentionBackend:
-                return typing.get_args(base)[0]
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, AttentionBackend):
+                plan = typing.get_args(base)[0]
+                if not isinstance(plan, typing.TypeVar):
+                    return plan
     raise AssertionError(f"{cls.__name__} does not declare its plan type")
 
 
