@@ -37,7 +37,6 @@ from unified_attn.backends.gated_delta_device import (
     varlen,
 )
 from unified_attn.backends.gated_delta_math import (
-    causal_conv1d,
     gated_delta_chunked,
     gated_delta_step,
     prepare_qk,
@@ -117,15 +116,10 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         rows = plan.requests[gid]
         out = output.view(-1, self.num_heads, self.head_size)
         for row in rows:
-            inputs, before = query[row.start : row.end], self.read_state(convs, row.read)
-            qkv, carried = causal_conv1d(inputs, before, weights.conv_weight, weights.conv_bias)
+            qkv = self.convolve(convs, query[row.start : row.end], row, weights.conv_weight,
+                                weights.conv_bias)  # fmt: skip
             o = self._rule(qkv, g[row.start : row.end], beta[row.start : row.end], layer, row)
             out[row.start : row.end] = o.to(out.dtype)
-            convs[row.write] = carried.to(convs.dtype)
-            if row.checkpoints:  # the inputs before each checkpoint's row
-                window = torch.cat([before.to(inputs.dtype), inputs])
-                for rows_done, block in row.checkpoints:
-                    convs[block] = window[rows_done : rows_done + self.conv_kernel - 1]
         return output
 
     def _forward_kernels(

@@ -30,7 +30,7 @@ from unified_attn.backends.mamba_device import (
     decode,
     varlen,
 )
-from unified_attn.backends.mamba_math import causal_conv1d, discretize, ssd_scan, ssd_step
+from unified_attn.backends.mamba_math import discretize, ssd_scan, ssd_step
 from unified_attn.backends.state_backend import KernelStepPlan, StateBackend
 from unified_attn.backends.state_rows import StateRow
 from unified_attn.selector import register_backend
@@ -118,15 +118,10 @@ class Mamba2StateBackend(StateBackend[KernelStepPlan]):
         dt = discretize(key, weights.dt_bias, self.time_step_limit)  # [T, H] float32
         out = output.view(-1, self.num_heads, self.head_size)
         for row in rows:
-            inputs, before = query[row.start : row.end], self.read_state(convs, row.read)
-            xbc, carried = causal_conv1d(inputs, before, weights.conv_weight, weights.conv_bias)
+            xbc = self.convolve(convs, query[row.start : row.end], row, weights.conv_weight,
+                                weights.conv_bias)  # fmt: skip
             y = self._scan(xbc, dt[row.start : row.end], weights, ssms, row)
             out[row.start : row.end] = y.to(out.dtype)
-            convs[row.write] = carried.to(convs.dtype)
-            if row.checkpoints:  # the inputs before each checkpoint's row
-                window = torch.cat([before.to(inputs.dtype), inputs])
-                for rows_done, block in row.checkpoints:
-                    convs[block] = window[rows_done : rows_done + self.conv_kernel - 1]
         return output
 
     def _scan(

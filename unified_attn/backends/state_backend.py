@@ -17,6 +17,7 @@ from unified_attn.backend import (
     CommonAttentionMetadata,
     LayerConfig,
 )
+from unified_attn.backends.mamba_math import causal_conv1d
 from unified_attn.backends.state_rows import StateRow, state_rows
 from unified_attn.backends.state_slots import DeviceSlots, device_slots, host_slots
 from unified_attn.managers import StateManager
@@ -119,6 +120,22 @@ class StateBackend(AttentionBackend[PlanT]):
                 slots = {gid: s for gid, s in planned.items() if s is not None}
         return KernelStepPlan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
                               decode=common.max_query_len == 1)  # fmt: skip
+
+    def convolve(
+        self, convs: torch.Tensor, inputs: torch.Tensor, row: StateRow,
+        weight: torch.Tensor, bias: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """One request's causal convolution (torch path): from the inputs carried in its read
+        block, writing the last `K - 1` inputs to its write block and, at each checkpoint, the
+        inputs before it. inputs `[L, C]` -> SiLU(conv) `[L, C]`."""
+        before = self.read_state(convs, row.read)
+        out, carried = causal_conv1d(inputs, before, weight, bias)
+        convs[row.write] = carried.to(convs.dtype)
+        if row.checkpoints:
+            window = torch.cat([before.to(inputs.dtype), inputs])
+            for rows_done, block in row.checkpoints:
+                convs[block] = window[rows_done : rows_done + weight.shape[1] - 1]
+        return out
 
     @staticmethod
     def read_state(states: torch.Tensor, block: int | None) -> torch.Tensor:

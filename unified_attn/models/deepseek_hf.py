@@ -1,8 +1,8 @@
 """DeepSeek-V2/V3 checkpoints in Hugging Face layout: `config.json` into a `DeepseekConfig`
 (`deepseek_config_from_hf`: transformers' defaults for missing fields, unsupported features
-refused by name), and the weights as a checked state dict (`load_deepseek`; `check_state`
-serves DeepSeek-V4's loader too). Multi-token-prediction layers
-(`model.layers.{num_hidden_layers}.*` of real V3 checkpoints) are dropped, as transformers does.
+refused by name), and the weights as a checked state dict (`load_deepseek`).
+Multi-token-prediction layers (`model.layers.{num_hidden_layers}.*` of real V3 checkpoints) are
+dropped, as transformers does.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from unified_attn.backend import AttentionBackend
 from unified_attn.models.deepseek import DeepseekForCausalLM
 from unified_attn.models.deepseek_config import DeepseekConfig, Version
 from unified_attn.models.fp8_checkpoint import fp8_blocks
-from unified_attn.models.hf_checkpoint import CheckpointFormat
+from unified_attn.models.hf_checkpoint import CheckpointFormat, check_state
 from unified_attn.models.hf_config import HFConfig, mla_version
 from unified_attn.models.hf_rope import rope_fields
 from unified_attn.models.moe import stack_expert_weights
@@ -133,26 +133,7 @@ def _model_names(raw: dict[str, torch.Tensor], config: DeepseekConfig) -> dict[s
     return stack_expert_weights(state, "gate_proj", "up_proj", "down_proj")
 
 
-def check_state(
-    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str, hint: str
-) -> None:
-    """A `ValueError` naming the missing, unexpected or misshapen weights; `hint` names the
-    config.json fields that decide them."""
-    missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
-    if missing or unexpected:
-        raise ValueError(
-            f"weights of {source} do not match its config.json: missing {_few(missing)}, "
-            f"unexpected {_few(unexpected)}; check config.json ({hint}) against the checkpoint"
-        )
-    for name in sorted(expected):
-        if state[name].shape != expected[name].shape:
-            raise ValueError(
-                f"weight {name} of {source} has shape {tuple(state[name].shape)}, the config "
-                f"implies {tuple(expected[name].shape)}; check config.json's sizes"
-            )
-
-
-# after `_model_names` and `check_state`, which it names
+# after `_model_names`, which it names
 _FORMAT = CheckpointFormat(
     model_cls=DeepseekForCausalLM,
     read_config=deepseek_config_from_hf,
@@ -160,8 +141,3 @@ _FORMAT = CheckpointFormat(
     check=partial(check_state, hint="layers, q_lora_rank, experts, first_k_dense_replace"),
     fp8=True,
 )
-
-
-def _few(names: set[str], limit: int = 6) -> str:
-    shown = sorted(names)[:limit]
-    return f"{shown}{f' and {len(names) - limit} more' if len(names) > limit else ''}"

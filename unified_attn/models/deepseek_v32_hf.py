@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models.deepseek_hf import _model_names, check_state, deepseek_config_from_hf
+from unified_attn.models.deepseek_hf import _model_names, deepseek_config_from_hf
 from unified_attn.models.deepseek_v32 import DeepseekV32Config, DeepseekV32ForCausalLM, v32_preset
-from unified_attn.models.hf_checkpoint import CheckpointFormat
+from unified_attn.models.hf_checkpoint import CheckpointFormat, check_state
 from unified_attn.models.hf_config import V32_ARCHITECTURES, V32_MODEL_TYPES, HFConfig
 
 # transformers' DeepseekV32Config defaults where they differ from DeepSeek-V3's

@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from unified_attn.backend import AttentionBackend
-from unified_attn.models.deepseek_hf import check_state
 from unified_attn.models.deepseek_v4 import DeepseekV4Config, DeepseekV4ForCausalLM
 from unified_attn.models.deepseek_v4_attention import CSA, HCA, SLIDING
 from unified_attn.models.fp8_checkpoint import fp8_blocks
-from unified_attn.models.hf_checkpoint import CheckpointFormat
+from unified_attn.models.hf_checkpoint import CheckpointFormat, check_state
 from unified_attn.models.hf_config import HFConfig, is_deepseek_v4
 from unified_attn.models.hf_rope import rope
 from unified_attn.models.moe import stack_expert_weights

@@ -1,9 +1,10 @@
 """How the checkpoint loaders of the families apart from the Llama line (BERT, BART, DeepSeek
-V2/V3 and V4) read a Hugging Face checkpoint: `config.json` into the family's config, the
-weights into the model's names, checked against a meta-device model before the real one is
-allocated, and the checkpoint's tokenizer. Each family states its steps in one
-`CheckpointFormat`; the Llama line's loader (`hf.load_hf_model`) also reads KV-cache scales
-and names the architecture the weights fit, so it has its own."""
+V2/V3, V3.2 and V4, the state-space hybrids) read a Hugging Face checkpoint: `config.json` into
+the family's config, the weights into the model's names, checked against a meta-device model
+before the real one is allocated, and the checkpoint's tokenizer. Each family states its steps
+in one `CheckpointFormat`; the Llama line's loader (`hf.load_hf_model`) also reads KV-cache scales
+and names the architecture the weights fit, so it has its own. `check_state` is the check most
+formats use."""
 
 from __future__ import annotations
 
@@ -53,3 +54,27 @@ class CheckpointFormat(Generic[ModelT]):
         model = self.model_cls(config, backend_cls, **model_kwargs)
         model.load_state_dict(state)
         return model, load_tokenizer(path)
+
+
+def check_state(
+    state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], source: str, hint: str
+) -> None:
+    """A `ValueError` naming the missing, unexpected or misshapen weights; `hint` names the
+    config.json fields that decide them."""
+    missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
+    if missing or unexpected:
+        raise ValueError(
+            f"weights of {source} do not match its config.json: missing {_few(missing)}, "
+            f"unexpected {_few(unexpected)}; check config.json ({hint}) against the checkpoint"
+        )
+    for name in sorted(expected):
+        if state[name].shape != expected[name].shape:
+            raise ValueError(
+                f"weight {name} of {source} has shape {tuple(state[name].shape)}, the config "
+                f"implies {tuple(expected[name].shape)}; check config.json's sizes"
+            )
+
+
+def _few(names: set[str], limit: int = 6) -> str:
+    shown = sorted(names)[:limit]
+    return f"{shown}{f' and {len(names) - limit} more' if len(names) > limit else ''}"

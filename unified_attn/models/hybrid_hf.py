@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from unified_attn.models.deepseek_hf import check_state
-from unified_attn.models.hf_checkpoint import CheckpointFormat, State
+from unified_attn.models.hf_checkpoint import CheckpointFormat, State, check_state
 from unified_attn.models.hf_rope import flat_rope_params
 from unified_attn.models.hybrid import HybridModel
 from unified_attn.models.hybrid_config import BlockKind, HybridConfig, HybridMoEConfig, Mamba2Config
