@@ -1,7 +1,8 @@
 """The grouped experts kernels (`kernels/moe/grouped_experts.py`; CPU: the interpreter) against the
-dense references `RoutedExperts.reference` (gate and up as row blocks: Mixtral, Qwen2-MoE,
-DeepSeek) and `Experts.reference` (GPT-OSS: interleaved, biases, its activation), which the HF
-parity tests check against transformers."""
+torch references `RoutedExperts.reference` (gate and up as row blocks: Mixtral, Qwen2-MoE,
+DeepSeek), `Experts.reference` (GPT-OSS: interleaved, biases, its activation) and
+`Relu2Experts.reference` (Nemotron-H: ungated `relu(up) ** 2`), which the HF parity tests check
+against transformers."""
 
 from __future__ import annotations
 
@@ -12,22 +13,28 @@ import torch
 
 from unified_attn.kernels.moe import grouped_experts as grouped
 from unified_attn.kernels.moe.grouped_experts import (
+    Activation,
     ExpertWeights,
     GroupedConfig,
     grouped_experts,
 )
 from unified_attn.models.config import MoEConfig
-from unified_attn.models.moe import Experts, RoutedExperts
+from unified_attn.models.hybrid_ffn import Relu2Experts
+from unified_attn.models.moe import Experts, RoutedExperts, StackedExperts
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _experts(num: int, hidden: int, inter: int, limit: float | None, dtype: torch.dtype,
-             seed: int = 0, gpt_oss: bool = False) -> RoutedExperts | Experts:  # fmt: skip
-    """GPT-OSS's experts use `limit` as their clamp (alpha 1.702), the others as V4's."""
-    if gpt_oss:
+             seed: int = 0, kind: str = "row-blocks") -> StackedExperts:  # fmt: skip
+    """GPT-OSS's experts use `limit` as their clamp (alpha 1.702), the row blocks as V4's;
+    the ungated relu2 experts have none."""
+    experts: StackedExperts
+    if kind == "gpt-oss":
         moe = MoEConfig(num_experts=num, top_k=1, swiglu_limit=limit or 7.0)
-        experts: RoutedExperts | Experts = Experts(hidden, inter, moe)
+        experts = Experts(hidden, inter, moe)
+    elif kind == "relu2":
+        experts = Relu2Experts(num, hidden, inter)
     else:
         experts = RoutedExperts(num, hidden, inter, limit)
     gen = torch.Generator().manual_seed(seed)
@@ -43,7 +50,7 @@ def _routing(tokens: int, num: int, k: int, seed: int = 0) -> tuple[torch.Tensor
     return torch.rand(tokens, k, generator=gen).to(DEVICE), ids.to(DEVICE)
 
 
-@pytest.mark.parametrize("gpt_oss", [False, True], ids=["row-blocks", "gpt-oss"])
+@pytest.mark.parametrize("kind", ["row-blocks", "gpt-oss", "relu2"])
 @pytest.mark.parametrize(
     ("tokens", "num", "k", "hidden", "inter", "limit", "dtype", "config"),
     [
@@ -54,10 +61,10 @@ def _routing(tokens: int, num: int, k: int, seed: int = 0) -> tuple[torch.Tensor
         (12, 16, 4, 32, 32, None, torch.float32, None),  # the default tiles
     ],
 )
-def test_the_kernels_give_the_dense_reference(
-    gpt_oss, tokens, num, k, hidden, inter, limit, dtype, config
+def test_the_kernels_give_the_torch_reference(
+    kind, tokens, num, k, hidden, inter, limit, dtype, config
 ):
-    experts = _experts(num, hidden, inter, limit, dtype, seed=tokens, gpt_oss=gpt_oss)
+    experts = _experts(num, hidden, inter, limit, dtype, seed=tokens, kind=kind)
     weights, ids = _routing(tokens, num, k, seed=tokens)
     x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(1)).to(DEVICE, dtype)
     # the reference in float32 on the same (for 16-bit data: rounded) weights and inputs
@@ -103,6 +110,41 @@ def test_bad_inputs_are_named():
         grouped_experts(x, weights, ids, ExpertWeights(gate_up[:, :24], down, interleaved=True))
     with pytest.raises(ValueError, match=r"down_bias must be \[4, 32\] contiguous, got \(4, 16\)"):
         grouped_experts(x, weights, ids, ExpertWeights(gate_up, down, down_bias=down[:, 0]))
+
+
+def test_bad_ungated_inputs_are_named():
+    stacked = _experts(4, 32, 16, None, torch.float32, kind="relu2").kernel_weights()[0]
+    up, down = stacked.gate_up, stacked.down
+    weights, ids = _routing(3, 4, 2)
+    x, relu2 = torch.randn(3, 32, device=DEVICE), Activation(relu2=True)
+    with pytest.raises(ValueError, match=r"relu2 \(ungated\) takes no limit or alpha, got "
+                                         r"limit=7.0, alpha=None"):  # fmt: skip
+        Activation(limit=7.0, relu2=True)
+    want = r"gate_up must be \[E, I, D\] = \(4, 16, 32\) torch.float32 .* got \(4, 16, 32\) "
+    with pytest.raises(ValueError, match=want + "torch.float16"):
+        grouped_experts(x, weights, ids, ExpertWeights(up.half(), down), relu2)
+    with pytest.raises(ValueError, match=r"gate_up must be the up rows \[E, I, D\] "
+                                         r"\(interleaved=False\)"):  # fmt: skip
+        grouped_experts(x, weights, ids, ExpertWeights(up.mT, down.mT, interleaved=True), relu2)
+    with pytest.raises(ValueError, match=r"gate_up_bias must be \[4, 16\] contiguous"):
+        grouped_experts(x, weights, ids, ExpertWeights(up, down, up[:, :, 0].repeat(1, 2)), relu2)
+
+
+def test_ungated_experts_take_biases():
+    gen = torch.Generator().manual_seed(3)
+    up, down = torch.randn(5, 24, 32, generator=gen) / 6, torch.randn(5, 32, 24, generator=gen) / 5
+    up_bias, down_bias = torch.randn(5, 24, generator=gen), torch.randn(5, 32, generator=gen)
+    weights, ids = _routing(9, 5, 2, seed=3)
+    x = torch.randn(9, 32, generator=gen)
+    stacked = ExpertWeights(*(t.to(DEVICE) for t in (up, down, up_bias, down_bias)))
+    got = grouped_experts(x.to(DEVICE), weights, ids, stacked, Activation(relu2=True),
+                          GroupedConfig(16, 16, 16, 4, 2)).cpu()  # fmt: skip
+    want = torch.zeros_like(x)
+    for t, (w, e) in enumerate(zip(weights.cpu().tolist(), ids.cpu().tolist(), strict=True)):
+        for weight, expert in zip(w, e, strict=True):
+            hidden = torch.relu(up[expert] @ x[t] + up_bias[expert]).square()
+            want[t] += weight * (down[expert] @ hidden + down_bias[expert])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(("tokens", "k", "hidden"), [(1, 1, 16), (5, 3, 48), (3, 8, 1500)])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from unified_attn.models.hybrid_config import HybridMoEConfig
-from unified_attn.models.hybrid_ffn import HybridMoE
+from unified_attn.models.hybrid_ffn import HybridMoE, Relu2Experts
 
 transformers = pytest.importorskip("transformers")
 nemotron_h = pytest.importorskip("transformers.models.nemotron_h.modeling_nemotron_h")
@@ -36,6 +36,26 @@ def test_sigmoid_grouped_moe_matches_nemotron_h(n_group, topk_group, norm):
         expected = theirs(x)[0]
         got = ours(torch.arange(50), x[0])
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu2_experts_torch_path_is_transformers_loop_bit_for_bit(dtype):
+    # only the routed experts' tokens, in transformers' order and rounding (off CUDA)
+    hf_config = transformers.NemotronHConfig(
+        hidden_size=64, n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48
+    )
+    theirs = nemotron_h.NemotronHExperts(hf_config).to(dtype)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in theirs.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    ours = Relu2Experts(8, 64, 48).to(dtype)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(37, 64, generator=gen).to(dtype)
+    ids = torch.stack([torch.randperm(7, generator=gen)[:3] for _ in range(37)])  # 7: unused
+    weights = torch.rand(37, 3, generator=gen)
+    with torch.no_grad():
+        assert torch.equal(ours(x, weights, ids), theirs(x, ids, weights))
 
 
 @pytest.mark.parametrize(

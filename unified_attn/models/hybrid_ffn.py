@@ -13,10 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from unified_attn.kernels.moe.grouped_experts import Activation, ExpertWeights
 from unified_attn.models.config import MoEConfig
 from unified_attn.models.deepseek_moe import sigmoid_group_routing
 from unified_attn.models.hybrid_config import HybridMoEConfig, MLPActivation
-from unified_attn.models.moe import RoutedExperts, TopKRouter
+from unified_attn.models.moe import RoutedExperts, StackedExperts, TopKRouter
 
 
 class FeedForward(nn.Module):
@@ -60,24 +61,31 @@ class GroupedSigmoidRouter(nn.Module):
         )  # fmt: skip
 
 
-class Relu2Experts(nn.Module):
+class Relu2Experts(StackedExperts):
     """Nemotron-H's experts, `down(relu(up(x)) ** 2)` without a gate: `up_proj [E, I, H]`,
-    `down_proj [E, H, I]`. Every expert runs on every token (weight 0 where not chosen) on
-    every device: the grouped kernels (`kernels/moe`) have no ungated activation yet. The
-    weighted outputs are added in float32 in expert order and rounded once, as transformers."""
+    `down_proj [E, H, I]`. Each expert runs only on its tokens: on CUDA in the grouped kernels
+    (`Activation(relu2=True)`, `up_proj` as the ungated `gate_up`; each weighted output rounded
+    to x's dtype before the float32 sum), elsewhere `reference`."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.up_proj = nn.Parameter(torch.zeros(num_experts, intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden_size, intermediate_size))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x `[T, H]`, weights and ids `[T, k]` -> `[T, H]` in x's dtype."""
+    def kernel_weights(self) -> tuple[ExpertWeights, Activation]:
+        """The parameters (no copies) and the activation as `grouped_experts` takes them."""
+        return ExpertWeights(self.up_proj, self.down_proj), Activation(relu2=True)
+
+    def reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x `[T, H]`, weights and ids `[T, k]` -> `[T, H]` in x's dtype: transformers' loop
+        (its rows in its order), each chosen expert on its tokens in expert order, the weighted
+        outputs added in float32 and rounded once. Data-dependent shapes: not for CUDA graphs."""
         out = torch.zeros_like(x, dtype=torch.float32)
-        for index in range(self.up_proj.shape[0]):
-            hidden = torch.relu(nn.functional.linear(x, self.up_proj[index])).square()
+        for index in ids.unique().tolist():  # ascending
+            choice, token = torch.where(ids.t() == index)  # choice-major, as transformers
+            hidden = torch.relu(nn.functional.linear(x[token], self.up_proj[index])).square()
             each = nn.functional.linear(hidden, self.down_proj[index])
-            out += each * (weights * (ids == index)).sum(-1, keepdim=True)
+            out.index_add_(0, token, each * weights[token, choice, None])
         return out.to(x.dtype)
 
 

@@ -116,7 +116,7 @@ class StackedExperts(nn.Module):
         raise NotImplementedError
 
     def reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Every expert on every token (weight 0 where not chosen)."""
+        """The same sum in torch (off CUDA), rounded as transformers rounds it."""
         raise NotImplementedError
 
 

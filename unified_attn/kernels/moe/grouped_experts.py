@@ -10,8 +10,9 @@ shapes that follow from the inputs' alone (so a decode step can be captured in a
    expert on the device, in blocks of `block_m` slots of one expert. Blocks past the last
    expert's are marked -1 and their programs return at once.
 2. `gate_up_kernel`: per block and `BLOCK_N` intermediate features, the block's token rows
-   times the expert's gate and up weights, then the activation (`Activation`: SwiGLU, V4's
-   clamped SwiGLU, GPT-OSS's), stored `[slots, I]` in the input's dtype.
+   times the expert's gate and up weights (up alone when ungated), then the activation
+   (`Activation`: SwiGLU, V4's clamped SwiGLU, GPT-OSS's, Nemotron-H's ungated `relu(up)**2`),
+   stored `[slots, I]` in the input's dtype.
 3. `down_kernel`: per block and `BLOCK_N` output features, those rows times the expert's down
    rows, times each pair's routing weight, stored per pair in the input's dtype (as the
    reference rounds each expert's weighted output). `sum_pairs_kernel` adds each token's k
@@ -23,7 +24,8 @@ every batch (`invariant_config`) a token's output does not depend on the batch. 
 configuration follows the pairs per expert (`default_config`), so its rounding may.
 
 Weights (`ExpertWeights`): stacked as transformers holds them, gate and up either as row
-blocks (Mixtral, Qwen2-MoE, DeepSeek) or interleaved columns (GPT-OSS), with optional biases.
+blocks (Mixtral, Qwen2-MoE, DeepSeek) or interleaved columns (GPT-OSS), or the up rows alone
+(Nemotron-H's ungated experts), with optional biases.
 The products accumulate in float32 (`ieee` for float32 inputs).
 """
 
@@ -106,7 +108,11 @@ class ExpertWeights:
     - `interleaved=True` (GPT-OSS): `gate_up [E, D, 2I]` (gate and up in alternate columns),
       `down [E, I, D]`.
 
-    Optional biases (GPT-OSS): `gate_up_bias [E, 2I]` in gate_up's order, `down_bias [E, D]`."""
+    With an ungated activation (`Activation(relu2=True)`: Nemotron-H) `gate_up` holds the up
+    rows alone, `[E, I, D]` (`interleaved=False`), as transformers' `experts.up_proj`.
+
+    Optional biases (GPT-OSS): `gate_up_bias [E, 2I]` in gate_up's order (`[E, I]` ungated),
+    `down_bias [E, D]`."""
 
     gate_up: torch.Tensor
     down: torch.Tensor
@@ -124,16 +130,32 @@ class ExpertWeights:
 
     @property
     def inter(self) -> int:
-        return int(self.gate_up.shape[2 if self.interleaved else 1]) // 2
+        """`I`: down's reduced dimension (gate_up has `2I` rows gated, `I` ungated)."""
+        return int(self.down.shape[1 if self.interleaved else 2])
+
+
+def _ungated_alone(act: Activation, attribute: attrs.Attribute[bool], relu2: bool) -> None:
+    if relu2 and (act.limit is not None or act.alpha is not None):
+        raise ValueError(
+            f"Activation: relu2 (ungated) takes no limit or alpha, got limit={act.limit}, "
+            f"alpha={act.alpha}; pass Activation(relu2=True) alone"
+        )
 
 
 @attrs.frozen
 class Activation:
     """`silu(gate) * up`, or with `alpha` GPT-OSS's `(up + 1) * gate * sigmoid(alpha * gate)`;
-    with `limit`, gate clamped to at most `limit` and up to `[-limit, limit]` first."""
+    with `limit`, gate clamped to at most `limit` and up to `[-limit, limit]` first. With
+    `relu2` (Nemotron-H) the ungated `relu(up) ** 2`: the weights have no gate half."""
 
     limit: float | None = None
     alpha: float | None = None
+    relu2: bool = attrs.field(default=False, validator=_ungated_alone)
+
+    @property
+    def halves(self) -> int:
+        """Rows (or columns) of `gate_up` per intermediate feature: gate and up, or up alone."""
+        return 1 if self.relu2 else 2
 
 
 def grouped_experts(
@@ -149,7 +171,7 @@ def grouped_experts(
     down[e] @ act(gate_up[e] @ x + gate_up_bias[e]) + down_bias[e]`. Every id must lie in
     `[0, E)` (a router's output does; it is not checked on the device, which would need a host
     sync)."""
-    _check(x, weights, ids, experts)
+    _check(x, weights, ids, experts, act)
     top_k = ids.shape[1]
     tokens_per_launch = max(1, PAIR_BYTES // (top_k * x.shape[1] * x.element_size()))
     if x.shape[0] > tokens_per_launch:  # a long prefill: bounded pair outputs per launch
@@ -203,7 +225,8 @@ def _gate_up(
         0.0 if act.limit is None else float(act.limit),
         0.0 if act.alpha is None else float(act.alpha),
         TOP_K=top_k, INTERLEAVED=experts.interleaved, HAS_BIAS=bias is not None,
-        CLAMP=act.limit is not None, GPT_OSS=act.alpha is not None, PRECISION=_precision(x),
+        CLAMP=act.limit is not None, GPT_OSS=act.alpha is not None, RELU2=act.relu2,
+        PRECISION=_precision(x),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.warps,
         num_stages=cfg.stages,
     )  # fmt: skip
@@ -232,26 +255,32 @@ def _down(
 
 
 def _check(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    experts: ExpertWeights,
+    act: Activation,
 ) -> None:
     """A ValueError naming the first input whose shape, dtype or layout the kernels cannot take."""
     tokens, hidden = tuple(x.shape) if x.dim() == 2 else (-1, -1)
-    gate_up = experts.gate_up
-    num, inter = (experts.num_experts, experts.inter) if gate_up.dim() == 3 else (-1, -1)
-    pairs = ((hidden, 2 * inter), (inter, hidden)) if experts.interleaved else (
-        (2 * inter, hidden), (hidden, inter))  # fmt: skip
-    names = ("[E, D, 2I]", "[E, I, D]") if experts.interleaved else ("[E, 2I, D]", "[E, D, I]")
+    gate_up, halves = experts.gate_up, act.halves
+    rows = gate_up.shape[2 if experts.interleaved else 1] if gate_up.dim() == 3 else -1
+    num, inter = (experts.num_experts, rows // halves) if gate_up.dim() == 3 else (-1, -1)
+    layout = _layout(experts.interleaved, halves, num, hidden, inter)
+    (up_shape, up_name), (down_shape, down_name) = layout
     checks = [
         ("x", x, x.dim() == 2 and x.stride(1) == 1, "[T, D] with unit feature stride"),
         ("ids", ids, ids.dim() == 2 and ids.shape[0] == tokens and not ids.is_floating_point(),
          f"[{tokens}, k] integer"),
         ("weights", weights, weights.shape == ids.shape, f"{tuple(ids.shape)}"),
-        ("gate_up", gate_up, _stacked(gate_up, (num, *pairs[0]), x.dtype),
-         f"{names[0]} = {(num, *pairs[0])} {x.dtype} with unit stride in its last dim"),
-        ("down", experts.down, _stacked(experts.down, (num, *pairs[1]), x.dtype),
-         f"{names[1]} = {(num, *pairs[1])} {x.dtype} with unit stride in its last dim"),
+        ("gate_up", gate_up, halves == 2 or not experts.interleaved,
+         "the up rows [E, I, D] (interleaved=False) for an ungated activation"),
+        ("gate_up", gate_up, _stacked(gate_up, up_shape, x.dtype),
+         f"{up_name} = {up_shape} {x.dtype} with unit stride in its last dim"),
+        ("down", experts.down, _stacked(experts.down, down_shape, x.dtype),
+         f"{down_name} = {down_shape} {x.dtype} with unit stride in its last dim"),
     ]  # fmt: skip
-    for name, bias, size in (("gate_up_bias", experts.gate_up_bias, 2 * inter),
+    for name, bias, size in (("gate_up_bias", experts.gate_up_bias, halves * inter),
                              ("down_bias", experts.down_bias, hidden)):  # fmt: skip
         if bias is not None:
             checks.append((name, bias, tuple(bias.shape) == (num, size) and bias.stride(1) == 1,
@@ -262,6 +291,21 @@ def _check(
                 f"grouped_experts: {name} must be {want}, got {tuple(tensor.shape)} "
                 f"{tensor.dtype}; pass the experts' stacked weights and the router's outputs"
             )
+
+
+_Layout = tuple[tuple[int, ...], str]
+
+
+def _layout(
+    interleaved: bool, halves: int, num: int, hidden: int, inter: int
+) -> tuple[_Layout, _Layout]:
+    """gate_up's and down's shapes, and their names, in `ExpertWeights`' layouts."""
+    rows = "2I" if halves == 2 else "I"
+    if interleaved:
+        gate_up = ((num, hidden, halves * inter), f"[E, D, {rows}]")
+        return gate_up, ((num, inter, hidden), "[E, I, D]")
+    gate_up = ((num, halves * inter, hidden), f"[E, {rows}, D]")
+    return gate_up, ((num, hidden, inter), "[E, D, I]")
 
 
 def _stacked(weight: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:

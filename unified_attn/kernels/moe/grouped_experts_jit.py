@@ -1,6 +1,6 @@
 """The grouped routed-experts kernels (jit code only; the launchers are `grouped_experts.py`):
-the gate/up product with the activation, the down product, and the sum of each token's pair
-outputs in choice order."""
+the gate/up product (up alone when ungated) with the activation, the down product, and the sum
+of each token's pair outputs in choice order."""
 
 import triton
 import triton.language as tl
@@ -38,6 +38,7 @@ def gate_up_kernel(
     HAS_BIAS: tl.constexpr,
     CLAMP: tl.constexpr,
     GPT_OSS: tl.constexpr,
+    RELU2: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -54,7 +55,20 @@ def gate_up_kernel(
     ks = tl.arange(0, BLOCK_K)
     a_ptrs = x_ptr + token[:, None] * stride_xt + ks[None, :]
     w_base = w_ptr + expert * stride_we + ks[:, None] * stride_wk
-    if INTERLEAVED:  # one product over 2 * BLOCK_N alternating gate and up columns
+    if RELU2:  # ungated: the up rows alone, no gate half
+        u_ptrs = w_base + cols[None, :] * stride_wn
+        up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, hidden, BLOCK_K):
+            k_ok = ks + k0 < hidden
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            up = tl.dot(a, w, up, input_precision=PRECISION)
+            a_ptrs += BLOCK_K
+            u_ptrs += BLOCK_K * stride_wk
+        if HAS_BIAS:
+            up += tl.load(bias_ptr + expert * stride_be + cols, mask=col_ok,
+                          other=0.0).to(tl.float32)[None, :]  # fmt: skip
+    elif INTERLEAVED:  # one product over 2 * BLOCK_N alternating gate and up columns
         wide = tile * 2 * BLOCK_N + tl.arange(0, 2 * BLOCK_N)
         wide_ok = wide < 2 * inter
         w_ptrs = w_base + wide[None, :] * stride_wn
@@ -92,7 +106,13 @@ def gate_up_kernel(
     if CLAMP:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + 1) * gate * tl.sigmoid(gate * alpha) if GPT_OSS else gate * tl.sigmoid(gate) * up
+    if RELU2:
+        h = tl.maximum(up, 0.0)
+        h = h * h
+    elif GPT_OSS:
+        h = (up + 1) * gate * tl.sigmoid(gate * alpha)
+    else:
+        h = gate * tl.sigmoid(gate) * up
     h_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_hs + cols[None, :]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=col_ok[None, :])
 
