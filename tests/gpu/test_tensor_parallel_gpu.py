@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.models.hf_models import save_hf_model
+from tests.runner.test_tensor_parallel_state import CHECKPOINTS as STATE_CHECKPOINTS
 from unified_attn import LLMEngine, SamplingParams
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
@@ -41,6 +43,23 @@ def test_deepseek_ranks_on_the_triton_kernels_give_the_tokens_of_one_device(pres
     try:
         got = engine.generate(PROMPTS, params)
         assert engine.backend_cls is backend and backend.name.startswith("triton")
+    finally:
+        engine.shutdown()
+    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
+
+
+@pytest.mark.parametrize("family", ["mamba2-one-group", "nemotron-h-moe", "qwen3-next"])
+def test_state_layer_ranks_on_the_triton_kernels_give_the_tokens_of_one_device(family, tmp_path):
+    """Mamba-2 (one group: replicated B and C, the gated norm's all-reduce) and gated delta-net
+    shards on the SSM kernels; decode replays graphs with the all-reduces inside."""
+    path = str(save_hf_model(STATE_CHECKPOINTS[family](), tmp_path / family))
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
+    want = LLMEngine(path, **options).generate(PROMPTS, params)
+    engine = LLMEngine(path, tensor_parallel_size=2, **options)
+    try:
+        got = engine.generate(PROMPTS, params)
+        assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
     finally:
         engine.shutdown()
     assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]

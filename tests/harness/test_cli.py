@@ -31,6 +31,14 @@ def test_check_fails_a_wrong_backend_with_a_table(capsys):
     assert "sliding window 8" in out.out and "FAIL" in out.out
 
 
+def test_check_takes_the_state_backends_and_fails_a_planted_bug(capsys):
+    code, out = run(capsys, "check", "mamba2", "--json")
+    report = json.loads(out.out)
+    assert code == 0 and report["ok"] and {r["type"] for r in report["cells"]} == {"mamba2"}
+    code, out = run(capsys, "check", "tests.harness.buggy_state_backends:Mamba2NoDraftRollback")
+    assert code == 1 and "Mamba-2" in out.out and "drafts rejected" in out.out
+
+
 def test_migrate_passes_and_fails(capsys):
     code, out = run(capsys, "migrate", "--legacy", "reference", "--native", "reference", "--small")
     assert code == 0 and "PASS" in out.out

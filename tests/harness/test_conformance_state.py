@@ -1,22 +1,80 @@
-"""The conformance suite's state cells pass the shipped state backend and fail wrong ones."""
+"""The conformance suite's state cells (one grid of scenarios per state kind) pass the shipped
+state backends (linear attention, Mamba-2, gated delta-net) and fail wrong ones, naming the
+cell and where the error is."""
+
+import re
 
 import pytest
 import torch
 
+from tests.harness.buggy_state_backends import (
+    DropsConvCarry,
+    LateCheckpoints,
+    NoDraftRollback,
+    SkipsReadOnBoundary,
+    planted,
+)
+from unified_attn.backends.gated_delta_state import GatedDeltaStateBackend
 from unified_attn.backends.linear_state import LinearStateBackend
+from unified_attn.backends.mamba_state import Mamba2StateBackend
 from unified_attn.harness.conformance import run_conformance
-from unified_attn.harness.conformance.state_cells import STATE_GRID
+from unified_attn.harness.conformance.state_cells import (
+    SCENARIOS,
+    STATE_GRID,
+    StateCell,
+    state_grid,
+)
+from unified_attn.harness.conformance.state_steps import Resume
 
 DEVICES = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+WHERE = re.compile(r"max error \S+ > \S+ \(step \d+/\d+, request \d+, ")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_state_backend_passes_every_state_cell(device):
-    report = run_conformance("linear-state", device)
-    assert report["ok"] and report["passed"] == len(STATE_GRID), report["cells"]
-    checks = report["cells"][-1]["checks"]
-    assert checks["cache config pure"] == checks["in-place output"] == "pass"
-    assert checks["rejects bad inputs"] == "pass"
+@pytest.mark.parametrize("backend", ["linear-state", "mamba2", "gated_delta"])
+def test_the_state_backends_pass_every_state_cell(backend, device):
+    report = run_conformance(backend, device)
+    assert report["ok"] and report["passed"] == len(SCENARIOS), report["cells"]
+    for row in report["cells"]:
+        checks = row["checks"]
+        assert checks["cache config pure"] == checks["in-place output"] == "pass"
+        assert checks["rejects bad inputs"] == "pass"
+
+
+def scenario(cell_name: str) -> str:
+    return cell_name.split(": ", 1)[1]
+
+
+# bug, the scenarios it must fail, one it must pass
+PLANTED = {
+    LateCheckpoints: (["mode all: checkpoints inside steps", "mode all: prefix hits inside steps",
+                       "mode all: block size = scan chunk"], "prefill"),
+    DropsConvCarry: (["prefill, decode", "chunked prefill across scan chunks, mixed",
+                      "mode align: prefix hit", "preemption: re-prefill"], "prefill"),
+    SkipsReadOnBoundary: (["mode align: prefix hit", "mode all: prefix hits inside steps"],
+                          "prefill"),
+    NoDraftRollback: (["mode none: drafts rejected, preemption"], "prefill, decode"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("base", [Mamba2StateBackend, GatedDeltaStateBackend])
+@pytest.mark.parametrize(
+    ("bug", "broken", "intact"), [pytest.param(b, *p, id=b.__name__) for b, p in PLANTED.items()]
+)
+def test_a_planted_bug_fails_the_cells_it_breaks(base, bug, broken, intact):
+    kind = base.layer_kinds[0]
+    cells = tuple(c for c in state_grid(kind) if scenario(c.name) in [*broken, intact])
+    report = run_conformance(planted(bug, base), cells=cells)
+    rows = {scenario(r["cell"]): r for r in report["cells"]}
+    assert not report["ok"] and rows[intact]["status"] == "pass", rows[intact]
+    for name in broken:
+        assert rows[name]["status"] == "fail" and WHERE.search(rows[name]["detail"]), rows[name]
+
+
+def test_rejected_drafts_left_in_the_linear_state_fail_the_drafts_cell():
+    cells = tuple(c for c in STATE_GRID if "drafts" in c.name)
+    (row,) = run_conformance(planted(NoDraftRollback, LinearStateBackend), cells=cells)["cells"]
+    assert row["status"] == "fail" and "(a rejected draft's)" in row["detail"]
 
 
 class ForgetsItsState(LinearStateBackend):
@@ -45,36 +103,43 @@ def test_wrong_state_backends_fail_with_where_the_error_is(backend):
     report = run_conformance(backend)
     failed = [r for r in report["cells"] if r["status"] == "fail"]
     assert not report["ok"] and failed
-    assert "max error" in failed[0]["detail"] and "step" in failed[0]["detail"]
+    assert WHERE.search(failed[0]["detail"])
     if backend is ForgetsItsState:  # a single prefill from zeros is right
         assert report["cells"][0]["status"] == "pass"
 
 
-def test_attention_backends_report_state_cells_as_unsupported():
-    report = run_conformance("reference", cells=STATE_GRID[:1])
+@pytest.mark.parametrize("kind", ["linear_state", "mamba2"])
+def test_attention_backends_report_state_cells_as_unsupported(kind):
+    report = run_conformance("reference", cells=state_grid(kind)[:1])
     assert report["cells"][0]["status"] == "unsupported"
-    assert "not linear_state" in report["cells"][0]["detail"]
+    assert f"not {kind}" in report["cells"][0]["detail"]
 
 
-class BrokenCacheConfig(LinearStateBackend):
-    name = "broken-cache-config"
+def test_impossible_schedules_fail_at_construction():
+    # request 0's first step ends at 13: mode align keeps no state after 12, mode all does
+    hit = (Resume(step=1, request=1, source=0, tokens=12),)
+    with pytest.raises(ValueError, match="checkpoint after 12 tokens, which no earlier step"):
+        StateCell("hit", steps=((13, 0), (1, 5)), resumes=hit)
+    StateCell("hit", steps=((13, 0), (1, 5)), resumes=hit, mode="all")
+    with pytest.raises(ValueError, match="names a request that step 1 does not schedule"):
+        StateCell("hit", steps=((13, 0),), resumes=(Resume(step=0, request=1, source=0),))
+    with pytest.raises(ValueError, match="no state cells for layer kind 'attention'"):
+        state_grid("attention")
 
-    def get_cache_config(self):
-        raise ValueError("no config for you")
 
-
-def test_a_cache_config_that_raises_fails_the_cell_not_the_run():
-    from unified_attn.backends.reference import ReferenceAttentionBackend
-    from unified_attn.harness.conformance import GRID
-
-    class Broken(ReferenceAttentionBackend):
-        name = "broken-attention-cache-config"
-
-        def get_cache_config(self):
-            raise ValueError("no config for you")
-
-    report = run_conformance(Broken, cells=GRID[:1])
-    assert report["cells"][0]["status"] == "fail"
-    assert "no config for you" in report["cells"][0]["detail"]
-    state = run_conformance(BrokenCacheConfig, cells=STATE_GRID[:1])
-    assert state["cells"][0]["status"] == "fail"
+def test_the_plan_puts_states_where_the_manager_keeps_them():
+    # mode all, request 0's second step (13 -> 24): the states after 16, 20 and 24 tokens go
+    # to table positions 3, 4 and 5; positions before the one read (3) are the null block
+    (all_mode,) = [c for c in state_grid("mamba2") if c.name.endswith("prefix hits inside steps")]
+    step = all_mode.plan()[0][1]
+    table = step.tables[0]
+    assert table[:3] == (0, 0, 0)
+    assert [(w.rows, table.index(w.block)) for w in step.writes] == [(3, 3), (7, 4), (11, 5)]
+    # mode none, request 0 verifies 3 drafts: the state after row j in column j; the next step
+    # reads column 1 (one draft kept)
+    (drafts,) = [c for c in state_grid("mamba2") if "drafts" in c.name]
+    steps = drafts.plan()[0]
+    table = steps[1].tables[0]
+    writes = [w for w in steps[1].writes if w.request == 0]
+    assert [(w.rows, table.index(w.block)) for w in writes] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert steps[1].drafts == (3, 0, 0) and steps[2].columns == (1, 0)

@@ -49,10 +49,13 @@ def test_model_config_checks_its_fields():
         ModelConfig(**base, partial_rotary_factor=0.1)
 
 
-def test_tensor_parallelism_is_refused():
+def test_a_rank_keeps_its_key_heads_with_their_value_heads():
+    """Engine parity with 2 ranks: tests/runner/test_tensor_parallel_state.py."""
     config = REAL_SHAPES["qwen3-next-80b-a3b"]
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=2: .* gated delta-net layers"):
-        family_of(config).check_tensor_parallel(config, 2, config.name)
+    local = family_of(config).shard_config(config, 4)
+    assert local.gated_delta == GatedDeltaConfig(num_k_heads=4, num_v_heads=8, k_head_size=128,
+                                                 v_head_size=128, conv_kernel=4)  # fmt: skip
+    assert (local.num_heads, local.num_kv_heads, local.attn_output_gate) == (4, 1, True)
 
 
 def test_real_model_plan_holds_one_state_per_gated_delta_layer():

@@ -107,6 +107,9 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         value: torch.Tensor,
         **kwargs: Any,
     ) -> torch.Tensor:
+        self.check_state_inputs(layer, output, {"query": (query, self.conv_dim),
+                                                "key": (key, self.num_heads),
+                                                "value": (value, self.num_heads)})  # fmt: skip
         weights: GatedDeltaWeights = kwargs["mixer"]
         plan, gid = self.current_plan(), self.group_of_layer[layer.name]
         convs = self.caches[layer.name][0]  # [num_blocks, K - 1, conv_dim]

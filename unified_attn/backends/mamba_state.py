@@ -100,6 +100,8 @@ class Mamba2StateBackend(StateBackend[KernelStepPlan]):
         value: torch.Tensor,
         **kwargs: Any,
     ) -> torch.Tensor:
+        self.check_state_inputs(layer, output, {"query": (query, self.conv_dim),
+                                                "key": (key, self.num_heads)})  # fmt: skip
         weights: Mamba2Weights = kwargs["mixer"]
         plan, gid = self.current_plan(), self.group_of_layer[layer.name]
         convs, ssms = self.caches[layer.name]  # [num_blocks, K - 1, conv_dim], [.., H, P, N]

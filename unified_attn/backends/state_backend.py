@@ -5,6 +5,7 @@ host plan of where each request reads and writes (`state_rows`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, TypeVar
 
 import attrs
@@ -16,6 +17,7 @@ from unified_attn.backend import (
     CacheConfig,
     CommonAttentionMetadata,
     LayerConfig,
+    check_dtype_device,
 )
 from unified_attn.backends.mamba_math import causal_conv1d
 from unified_attn.backends.state_rows import StateRow, state_rows
@@ -81,6 +83,27 @@ class StateBackend(AttentionBackend[PlanT]):
                 f"layer {layer.name}: (num_heads, head_size)=({layer.num_heads}, "
                 f"{layer.head_size}) but the backend has ({self.num_heads}, {self.head_size})"
             )
+
+    def check_state_inputs(
+        self, layer: LayerConfig, output: torch.Tensor, inputs: dict[str, tuple[torch.Tensor, int]]
+    ) -> None:
+        """`ValueError` naming the layer unless `output` is `[T, H * D]` and each named input
+        `[T, width]` (or `[T, ...]` of `width` features) on the output's device, the query (the
+        convolution's input, whose last rows the state blocks keep) in the backend's dtype."""
+        self.check_layer(layer)
+        num_tokens = output.shape[0]
+        expected = {"output": (output, self.num_heads * self.head_size), **inputs}
+        for what, (tensor, width) in expected.items():
+            if (tensor.shape[0], math.prod(tensor.shape[1:])) != (num_tokens, width):
+                raise ValueError(
+                    f"layer {layer.name}: {what} has shape {tuple(tensor.shape)}, expected "
+                    f"({num_tokens}, {width})"
+                )
+            if tensor.device != output.device:
+                raise ValueError(
+                    f"layer {layer.name}: {what} is on {tensor.device}, expected {output.device}"
+                )
+        check_dtype_device(layer, "query", inputs["query"][0], self.dtype, output.device)
 
     def bind_kv_caches(self, kv_caches: dict[str, Any], block_table_map: dict[str, int]) -> None:
         self.caches = {name: tuple(views) for name, views in kv_caches.items()}

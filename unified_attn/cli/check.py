@@ -10,6 +10,7 @@ from typing import Any
 from unified_attn.cli.arguments import positive_int, prepare_cli, seed, triton_interpreter_on
 from unified_attn.harness.conformance.conformance_report import print_report
 from unified_attn.harness.conformance.conformance_run import run_conformance
+from unified_attn.harness.conformance.state_kinds import STATE_KINDS
 from unified_attn.selector import resolve_backend
 
 
@@ -20,7 +21,8 @@ def add_parser(commands: Any) -> None:
         description="Run a backend through the conformance suite: decoder, encoder, "
         "encoder-only and cross-attention cells (a type the backend does not declare is "
         "reported unsupported, with its reasons), or the state cells of a recurrent-state "
-        "backend.",
+        f"backend ({', '.join(STATE_KINDS)}: prefill, chunked prefill, decode, prefix hits on "
+        "checkpoints, drafts rejected, preemption).",
     )
     check.add_argument(
         "backend",

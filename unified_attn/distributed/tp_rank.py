@@ -3,7 +3,8 @@
 `check_options` refuses, before any process starts, what `tensor_parallel_size` cannot serve.
 Every rank then builds the same pieces from the engine's config: its model shard
 (`rank_model`: the full model loaded in host memory, cut by `models/tensor_parallel.py`, or
-`models/tensor_parallel_deepseek.py` for DeepSeek, onto the rank's device, its
+`models/tensor_parallel_deepseek.py` for DeepSeek, `tensor_parallel_hybrid.py` for the
+state-space hybrids, onto the rank's device, its
 row-parallel layers summing over the process group), its `Worker`
 (`make_worker`, with the rank's own KV budget, `rank_memory`) and its `ModelRunner`
 (`make_rank_runner`). Each rank sizes its own cache; `agree_on_blocks` makes all use the

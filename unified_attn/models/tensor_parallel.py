@@ -2,12 +2,13 @@
 
 Rank `r` of `N` keeps query heads `[r * Hq/N, (r + 1) * Hq/N)` with the KV heads they read
 (split when `Hkv >= N`, else one replicated head per rank; linear-state layers keep the same
-heads for q, k, v, their gates and their recurrent state), and the same slice of every MLP's
-intermediate features (of every expert, in mixtures of experts). Column-parallel projections
-(q/k/v, gate/up) keep their output rows; row-parallel ones (`o_proj`, `down_proj`) keep their
-input columns and sum the ranks' partial outputs with one all-reduce each (`RowParallelLinear`,
-the bias added once after it; a mixture of experts sums its whole output once,
-`ReducedOutput`).
+heads for q, k, v, their gates and their recurrent state; gated delta-nets their key heads with
+their value heads, `tensor_parallel_state.py`; a gated attention output its heads' gates), and
+the same slice of every MLP's intermediate features (of every expert, in mixtures of experts).
+Column-parallel projections (q/k/v, gate/up) keep their output rows; row-parallel ones
+(`o_proj`, `down_proj`, a gated delta-net's `out_proj`) keep their input columns and sum the
+ranks' partial outputs with one all-reduce each (`RowParallelLinear`, the bias added once after
+it; a mixture of experts sums its whole output once, `ReducedOutput`).
 The vocabulary is split too (padded to a multiple of the ranks): rank `r` keeps rows
 `[r * V/N, (r + 1) * V/N)` of the embedding and of the LM head. The embedding looks up the ids
 in its range, zeroes the others and all-reduces (`VocabParallelEmbedding`); the LM head's
@@ -31,7 +32,13 @@ from torch import nn
 from unified_attn.backend import AttentionBackend
 from unified_attn.models.config import ModelConfig
 from unified_attn.models.decoder import DecoderModel
+from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.mlp import MLP
+from unified_attn.models.tensor_parallel_state import (
+    check_gated_delta,
+    shard_gated_delta_config,
+    slice_gated_delta,
+)
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor over the ranks, in place
 # [..., V/N] on each rank -> [..., V/N * N], the ranks' parts concatenated in rank order
@@ -78,6 +85,8 @@ def check_tensor_parallel(config: ModelConfig, world_size: int) -> None:
             f"{name} does not divide intermediate_size={config.intermediate_size} of "
             f"{config.name}; use a divisor of it"
         )
+    if config.gated_delta is not None:
+        check_gated_delta(config.gated_delta, world_size, config.name)
     moe = config.moe
     for field in ("intermediate_size", "shared_expert_intermediate_size"):
         size = getattr(moe, field, None)
@@ -127,6 +136,9 @@ def shard_config(config: ModelConfig, plan: ShardPlan) -> ModelConfig:
         bos_token_id=None,
         eos_token_id=None,
         moe=moe,
+        gated_delta=None
+        if config.gated_delta is None
+        else shard_gated_delta_config(config.gated_delta, plan.world_size),
     )
 
 
@@ -204,7 +216,10 @@ def shard_decoder(
     finish_shard(full, local, plan.vocab_start, all_reduce, all_gather)
     for layer in local.model.layers:
         attn = cast(Any, layer).self_attn
-        attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
+        if isinstance(attn, GatedDeltaNet):
+            cast(Any, attn).out_proj = RowParallelLinear(attn.out_proj, all_reduce)
+        else:
+            attn.o_proj = RowParallelLinear(attn.o_proj, all_reduce)
         reduce_mlp(layer, all_reduce)
     return local
 
@@ -283,6 +298,9 @@ def _slice(
     rank's first KV head (replicated heads are shared by several ranks)."""
     r, d = plan.rank, config.head_size
     kv = _rows(plan.kv_head_start * d, plan.num_kv_heads * d)
+    delta = _gated_delta_part(name, config)
+    if delta is not None and config.gated_delta is not None:
+        return slice_gated_delta(delta, full, config.gated_delta, r, plan.world_size)
     module, kind = name.rsplit(".", 2)[-2:]  # e.g. "q_proj", "weight"
     if config.moe is not None and config.moe.expert_kind == "swiglu":
         stacked = stacked_experts_slice(name, full, shape, r)
@@ -319,6 +337,16 @@ def _slice(
         rows = full[plan.vocab_start : plan.vocab_start + shape[0]]
         return torch.cat([rows, rows.new_zeros(shape[0] - len(rows), shape[1])])
     return full  # replicated: norms, routers, row-parallel biases
+
+
+def _gated_delta_part(name: str, config: ModelConfig) -> str | None:
+    """`in_proj_qkvz.weight`, ...: the part of a gated delta-net layer `name` names, else None."""
+    if not name.startswith("model.layers."):
+        return None
+    index, rest = name.removeprefix("model.layers.").split(".", 1)
+    if config.layer_kinds[int(index)].kind != "gated_delta":
+        return None
+    return rest.removeprefix("self_attn.") if rest.startswith("self_attn.") else None
 
 
 def _rows(start: int, count: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -35,15 +35,22 @@ Backends of multi-head latent attention (`layer_kinds` with "mla") run the MLA c
 a latent cache over garbage, queries and the layer's up-projection through the MLA contract,
 against keys and values up-projected explicitly and attended by SDPA in float64.
 
-Backends of recurrent-state layers (`layer_kinds` with "linear_state") run the state cells of
-`state` instead: several steps through `StateManager` state blocks, against the gated linear
-recurrence computed token by token in float64.
+Backends of recurrent-state layers (`layer_kinds` with "linear_state", "mamba2" or
+"gated_delta") run the state cells instead: one grid of scenarios per state kind (prefill,
+chunked prefill across the scan's chunks, decode, prefix hits on checkpoints in modes align and
+all, drafts rejected in mode none, preemption and re-prefill), several steps through
+`StateManager` state blocks over garbage, against the kind's recurrence computed token by token
+(gated linear attention; Mamba-2's convolution and one-token SSD update; the gated delta-net's
+convolution and one-token delta rule), outputs and every state part each step must leave.
 
 Modules: `cells` (the grids), `steps` (a cell's inputs and block tables), `cross` (a cross cell's
 steps), `checks` (the contract checks), `driver` (binding and stepping one backend), `oracle`
 (the comparison with the reference backend), `sdpa` (the SDPA oracle of encoder and cross
 cells), `fp8` (the fp8 cells' oracle and checks), `invariance` (the batch-invariance cells),
-`mla` (the MLA cells), `run` (`run_cell`, `run_conformance`) and `report` (`print_report`);
+`mla` (the MLA cells), `state_cells` (the state scenarios, `state_grid`), `state_kinds` (each
+state kind's inputs and one-token oracle), `state_steps` (where the manager keeps each state),
+`state_oracle` and `state_run` (`run_state_cell`), `run` (`run_cell`, `run_conformance`) and
+`report` (`print_report`);
 the `unified-attn check` command is `unified_attn/cli/check.py`.
 """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from unified_attn.harness.conformance.checks import NOT_MEASURABLE
+from unified_attn.harness.conformance.state_kinds import STATE_KINDS
 
 CHECKS = ("cache config pure", "in-place output", "rejects bad inputs", "host sync", "allocation")
 # fp8 cells only (`fp8.py`): shown after the others when a row has them
@@ -16,7 +17,7 @@ SECTIONS = {
     "encoder_only": "encoder-only self-attention (bidirectional, no KV cache)",
     "encoder": "encoder self-attention (bidirectional, no KV cache)",
     "encoder_decoder": "cross-attention (encoder keys and values in the KV cache)",
-    "linear_state": "recurrent state",
+    **{kind: state.title for kind, state in STATE_KINDS.items()},
     "mla": "multi-head latent attention (latent cache, up-projection as a keyword)",
     "batch_invariance": "batch invariance (bitwise: alone, chunked, in batches)",
     "manager": "KV-cache managers in an engine under memory pressure (freed blocks poisoned; "

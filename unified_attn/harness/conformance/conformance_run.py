@@ -35,7 +35,8 @@ from unified_attn.harness.conformance.mla_cells import (
 )
 from unified_attn.harness.conformance.oracle import compare_with_oracle
 from unified_attn.harness.conformance.sdpa import compare_cross, compare_encoder
-from unified_attn.harness.conformance.state_cells import STATE_GRID, StateCell, run_state_cell
+from unified_attn.harness.conformance.state_cells import StateCell, state_grid, state_kinds_of
+from unified_attn.harness.conformance.state_run import run_state_cell
 from unified_attn.legacy_adapter import LegacyAttentionBackend
 from unified_attn.selector import backend_reasons, resolve_backend
 
@@ -89,14 +90,15 @@ AnyCell = AttentionCell | StateCell | InvarianceCell | MLACell
 def default_cells(backend_cls: type[AttentionBackend], device: str) -> tuple[AnyCell, ...]:
     """The grid of every layer kind the backend computes: attention cells of all four types,
     over an fp8 cache and batch invariance (those the backend does not declare come out
-    unsupported), state cells, MLA cells; half-precision cells on CUDA."""
+    unsupported), the state cells of each state kind, MLA cells; half-precision cells on
+    CUDA."""
     cells: tuple[AnyCell, ...] = ()
     if "attention" in backend_cls.layer_kinds:
         cells += GRID + ENCODER_GRID + CROSS_GRID + FP8_GRID + INVARIANCE_GRID
         if torch.device(device).type == "cuda":
             cells += CUDA_CELLS + CUDA_INVARIANCE_CELLS
-    if "linear_state" in backend_cls.layer_kinds:
-        cells += STATE_GRID
+    for kind in state_kinds_of(backend_cls):
+        cells += state_grid(kind)
     if "mla" in backend_cls.layer_kinds:
         cells += MLA_GRID
         cells += CUDA_MLA_CELLS if torch.device(device).type == "cuda" else ()

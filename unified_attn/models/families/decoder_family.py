@@ -85,13 +85,6 @@ class DecoderFamily(ModelFamily):
         return config.attn_logit_softcap
 
     def check_tensor_parallel(self, config: ModelConfig, world_size: int, model: str) -> None:
-        gated = any(kind.kind == "gated_delta" for kind in config.layer_kinds)
-        if world_size > 1 and (gated or config.attn_output_gate):
-            raise ValueError(
-                f"tensor_parallel_size={world_size}: {model!r} has gated delta-net layers or "
-                "gated attention outputs (Qwen3-Next), which tensor parallelism does not shard "
-                "yet; run it with tensor_parallel_size=1"
-            )
         check_tensor_parallel(config, world_size)
 
     def shard(self, model: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:

@@ -22,6 +22,11 @@ from unified_attn.models.hybrid import HybridModel
 from unified_attn.models.hybrid_config import HybridConfig
 from unified_attn.models.hybrid_hf import HYBRID_MODEL_TYPES, hybrid_config_from_hf, load_hybrid
 from unified_attn.models.hybrid_shapes import HYBRID_PRESETS, HYBRID_SHAPES
+from unified_attn.models.tensor_parallel_hybrid import (
+    check_hybrid_tensor_parallel,
+    shard_hybrid,
+    shard_hybrid_config,
+)
 
 CACHE_BLOCKS = ("mamba", "attention")  # the blocks that hold a cache (not MLP or MoE)
 
@@ -58,11 +63,14 @@ class HybridFamily(ModelFamily):
     ) -> dict[str, Any]:
         return state_options(mamba_cache_mode, num_speculative_blocks)
 
-    def check_tensor_parallel(self, config: Any, world_size: int, model: str) -> None:
-        raise ValueError(
-            f"tensor_parallel_size={world_size}: {model!r} is a state-space hybrid; tensor "
-            "parallelism does not shard Mamba layers yet; run it with tensor_parallel_size=1"
-        )
+    def check_tensor_parallel(self, config: HybridConfig, world_size: int, model: str) -> None:
+        check_hybrid_tensor_parallel(config, world_size, repr(model))
+
+    def shard(self, model: Any, rank: int, world_size: int, *args: Any, **kwargs: Any) -> Any:
+        return shard_hybrid(model, rank, world_size, *args, **kwargs)
+
+    def shard_config(self, config: HybridConfig, world_size: int) -> HybridConfig:
+        return shard_hybrid_config(config, world_size)
 
     def describe(self, config: HybridConfig) -> dict[str, Any]:
         counts: dict[str, int] = {}
