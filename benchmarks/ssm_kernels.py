@@ -8,7 +8,8 @@ kernels as same-run peers, at Nemotron-H-8B and Granite-4.0-H-Small shapes (bflo
   of float32 state blocks, read == write slot; each launch replayed from a CUDA graph that
   cycles over disjoint blocks (>= 256 MiB touched, so L2 does not serve the states). Reported:
   us per launch, state bytes read + written / time (TB/s) and as a fraction of the
-  device-to-device copy bandwidth measured in this run (target >= 0.7), our tile sweep.
+  device-to-device copy bandwidth measured in this run (target >= 0.7); with `--tile-sweep`
+  also our tile sweep.
 - prefill chunked scan (`ssd_scan_varlen` vs `mamba_chunk_scan_combined_varlen`) at 2k and
   8k tokens, one request and four; `triton.testing.do_bench` medians.
 - conv: prefill (`causal_conv1d_varlen` vs `causal_conv1d_fn` with its metadata prepared as
@@ -59,6 +60,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add_out_argument(ap)
     ap.add_argument("--quick", action="store_true", help="a few shapes, for a smoke run")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
+    ap.add_argument("--tile-sweep", action="store_true", help="also time every decode tile")
     args = ap.parse_args(argv)
     args.argv = argv
     return args
@@ -128,7 +130,9 @@ def decode_inputs(model: tuple[int, ...], batch: int, blocks: int) -> dict[str, 
     }  # fmt: skip
 
 
-def bench_decode(model: tuple[int, ...], batch: int, peers: Any, copy_bw: float) -> dict:
+def bench_decode(
+    model: tuple[int, ...], batch: int, peers: Any, copy_bw: float, tile_sweep: bool
+) -> dict:
     from unified_attn.backends.triton import ssm_ops
 
     heads, head_dim, groups, state, _, _ = model
@@ -149,11 +153,13 @@ def bench_decode(model: tuple[int, ...], batch: int, peers: Any, copy_bw: float)
 
     row: dict[str, Any] = {"batch": batch, "state_bytes": state_bytes}
     row["ours_us"] = graph_us([ours(s) for s in slot_sets])
-    sweep = {f"{bp}x{w}": graph_us([ours(s, (bp, w)) for s in slot_sets]) for bp, w in TILE_SWEEP}
-    row["tile_sweep_us"] = sweep
-    row["best_tiles"] = min(sweep, key=sweep.__getitem__)
     row["ours_copy_fraction"] = state_bytes / (row["ours_us"] * 1e-6) / copy_bw
-    row["best_copy_fraction"] = state_bytes / (sweep[row["best_tiles"]] * 1e-6) / copy_bw
+    if tile_sweep:
+        sweep = {f"{bp}x{w}": graph_us([ours(s, (bp, w)) for s in slot_sets])
+                 for bp, w in TILE_SWEEP}  # fmt: skip
+        row["tile_sweep_us"] = sweep
+        row["best_tiles"] = min(sweep, key=sweep.__getitem__)
+        row["best_copy_fraction"] = state_bytes / (sweep[row["best_tiles"]] * 1e-6) / copy_bw
     if peers is not None:
         vllm = vllm_decode(peers, inp, head_dim, state)
         row["vllm_us"] = graph_us([lambda s=s: vllm(s) for s in slot_sets])
@@ -342,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         res: dict[str, Any] = {"shape": dict(zip(("heads", "head_dim", "groups", "state_dim",
                                "conv_width", "chunk_size"), model, strict=True))}  # fmt: skip
         results["models"][name] = res
-        res["decode"] = [bench_decode(model, b, peers, copy_bw) for b in batches]
+        res["decode"] = [bench_decode(model, b, peers, copy_bw, args.tile_sweep) for b in batches]
         write_json(out / "ssm_kernels.json", results)
         res["scan"] = [bench_scan(model, lengths, peers) for lengths in prefills]
         res["conv_prefill"] = [bench_conv_prefill(model, lengths, peers) for lengths in prefills]
@@ -358,7 +364,8 @@ def report(console: Any, name: str, res: dict[str, Any]) -> None:
               "best frac", "vLLM us", "vLLM frac", "vLLM/ours", "diff"])  # fmt: skip
     for r in res["decode"]:
         t.add_row(str(r["batch"]), f"{r['ours_us']:.1f}", f"{r['ours_copy_fraction']:.2f}",
-                  r["best_tiles"], f"{r['best_copy_fraction']:.2f}", *peer_cells(r, "us"),
+                  r.get("best_tiles", "-"), f"{r.get('best_copy_fraction', float('nan')):.2f}",
+                  *peer_cells(r, "us"),
                   f"{r.get('vllm_copy_fraction', float('nan')):.2f}",
                   f"{r.get('vllm_over_ours', float('nan')):.2f}",
                   f"{r.get('max_rel_diff', float('nan')):.1e}")  # fmt: skip

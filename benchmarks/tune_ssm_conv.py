@@ -1,6 +1,6 @@
 """Tile sweep of the Mamba-2 convolution kernels (`kernels/ssm/conv1d.py`) on one GPU, bfloat16,
 Nemotron-H-8B's channels (10,240, 4 taps): the varlen prefill kernel at 2k / 8k tokens (one
-request) and 4 x 2k, and the one-token update at batch 1 / 8 / 64 / 256 (CUDA-graph replays).
+request), 4 x 2k and 4 x 512, and the one-token update at batch 1 .. 256 (CUDA-graph replays).
 Prints the time of every tile and the best per shape; `backends/triton/ssm_ops.py` takes the
 winners as its defaults.
 
@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.testing
 
+from unified_attn.backends.triton import ssm_ops
+from unified_attn.kernels.pdl import pdl_enabled
 from unified_attn.kernels.ssm import conv1d
 
 CHANNELS, WIDTH, BLOCKS = 10240, 4, 512
@@ -61,6 +63,7 @@ def time_update(batch: int, block_c: int, warps: int) -> float:
             x, y, states, slots, slots, weight, weight, CHANNELS, x.stride(0), y.stride(0),
             states.stride(0), states.stride(1), weight.stride(0), weight.stride(1),
             KERNEL_WIDTH=WIDTH, STATE_ROWS=4, HAS_BIAS=True, BLOCK_C=block_c, num_warps=warps,
+            launch_pdl=pdl_enabled(x.device),
         )  # fmt: skip
 
     launch()
@@ -73,23 +76,25 @@ def time_update(batch: int, block_c: int, warps: int) -> float:
 
 
 def main() -> None:
+    default = (ssm_ops.CONV_BLOCK_T, ssm_ops.CONV_BLOCK_C, ssm_ops.CONV_WARPS)
     print("prefill: lens, BLOCK_T, BLOCK_C, warps -> us")
-    for lens in ([2048], [8192], [2048] * 4):
+    for lens in ([2048], [8192], [2048] * 4, [512] * 4):
         results = {
             (t, c, w): time_prefill(lens, t, c, w)
-            for t, c, w in itertools.product((16, 32, 64, 128), (64, 128, 256), (2, 4, 8))
-            if t * c <= 16384
+            for t, c, w in itertools.product((8, 16, 32), (64, 128, 256, 512), (1, 2, 4, 8))
+            if 512 <= t * c <= 16384
         }
-        best = min(results, key=results.__getitem__)
-        print(lens, "default (32, 128, 4):", round(results[32, 128, 4], 1), "best", best,
-              round(results[best], 1))  # fmt: skip
+        ranked = sorted(results, key=results.__getitem__)[:4]
+        print(lens, "default", default, round(results[default], 1), "best",
+              [(t, round(results[t], 1)) for t in ranked])  # fmt: skip
     print("update: batch, BLOCK_C, warps -> us")
-    for batch in (1, 8, 64, 256):
+    for batch in (1, 2, 4, 8, 16, 64, 256):
         results = {(c, w): time_update(batch, c, w)
                    for c, w in itertools.product((128, 256, 512, 1024), (1, 2, 4, 8))}
-        best = min(results, key=results.__getitem__)
-        print(batch, "default (128, 4):", round(results[128, 4], 2), "best", best,
-              round(results[best], 2))  # fmt: skip
+        ranked = sorted(results, key=results.__getitem__)[:4]
+        now = ssm_ops.conv_update_tiles(batch)
+        print(batch, "default", now, round(results[now], 2), "best",
+              [(t, round(results[t], 2)) for t in ranked])  # fmt: skip
 
 
 if __name__ == "__main__":

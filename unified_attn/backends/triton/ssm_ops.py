@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 import triton
 
@@ -28,18 +29,22 @@ from unified_attn.backends.triton.ssm_checks import (
     check_state_pool,
     check_tensor,
 )
+from unified_attn.kernels.pdl import pdl_enabled
 from unified_attn.kernels.ssm import conv1d, ssd_chunked, ssd_update
 
 INT32 = (torch.int32,)
 # Tiles from benchmarks/tune_ssm_conv.py on an H200 (bf16, 10,240 channels): 16-row prefill
 # tiles beat 32-row ones by 20-25% at 2k-8k tokens.
-CONV_BLOCK_T, CONV_BLOCK_C = 16, 128
+CONV_BLOCK_T, CONV_BLOCK_C, CONV_WARPS = 16, 128, 4
 
 
 def conv_update_tiles(num_requests: int) -> tuple[int, int]:
-    """(BLOCK_C, num_warps) of the one-token convolution: wide tiles while few requests fill
-    the GPU, narrow one-warp programs from 128 requests (64: 8.5 -> 5.8 us, 256: 27 -> 16 us)."""
-    return (128, 1) if num_requests >= 128 else (512, 4)
+    """(BLOCK_C, num_warps) of the one-token convolution (H200, bf16, 10,240 channels, PDL):
+    256-channel tiles below 64 requests (batch 1: 1.9 -> 1.6 us against 512), 512 to 127,
+    narrow one-warp programs from 128 (64: 8.5 -> 5.8 us, 256: 27 -> 16 us)."""
+    if num_requests >= 128:
+        return 128, 1
+    return (512, 4) if num_requests >= 64 else (256, 4)
 
 
 def causal_conv1d_varlen(
@@ -74,6 +79,7 @@ def causal_conv1d_varlen(
             x.stride(0), y.stride(0), conv_states.stride(0), conv_states.stride(1),
             weight.stride(0), weight.stride(1), KERNEL_WIDTH=width, HAS_BIAS=bias is not None,
             SEARCH_STEPS=num_requests.bit_length(), BLOCK_T=CONV_BLOCK_T, BLOCK_C=CONV_BLOCK_C,
+            num_warps=CONV_WARPS,
         )  # fmt: skip
     conv1d.conv_state_write_kernel[(num_requests, triton.cdiv(channels, CONV_BLOCK_C))](
         x, query_start_loc, conv_states, read_slots, write_slots, channels, x.stride(0),
@@ -106,7 +112,7 @@ def causal_conv1d_update(
             channels, x.stride(0), y.stride(0), conv_states.stride(0), conv_states.stride(1),
             weight.stride(0), weight.stride(1), KERNEL_WIDTH=width,
             STATE_ROWS=_state_rows(width), HAS_BIAS=bias is not None, BLOCK_C=block_c,
-            num_warps=num_warps,
+            num_warps=num_warps, launch_pdl=pdl_enabled(x.device),
         )  # fmt: skip
     return y
 
@@ -168,6 +174,7 @@ def launch_state_update(
         C.stride(1), y.stride(0), y.stride(1), ssm_states.stride(0), ssm_states.stride(1),
         ssm_states.stride(2), HEADS_PER_GROUP=heads_per_group, HEAD_DIM=head_dim,
         STATE_DIM=state_dim, BLOCK_P=block_p, BLOCK_N=_pow2(state_dim), num_warps=num_warps,
+        launch_pdl=pdl_enabled(x.device),
     )  # fmt: skip
 
 
@@ -201,7 +208,7 @@ def ssd_scan_varlen(
     rows`); -1 or a position past the rows: nothing written. (A block-aligned prefix cache
     fills the entries whose positions are multiples of its block size.)
 
-    Scratch: `min(T, T // chunk_size + 2 R)` chunk states of `H * P * N` float32 each."""
+    Scratch: `min(T, T // chunk_size + 2 R) + R` chunk states of `H * P * N` float32 each."""
     op = "ssd_scan_varlen"
     _check_ssd(op, x, dt, dt_bias, A, B, C, D, ssm_states)
     num_requests = query_start_loc.shape[0] - 1
@@ -223,11 +230,31 @@ def ssd_scan_varlen(
     return y
 
 
+@attrs.frozen
+class ScanTiles:
+    """Tiles of the chunked scan's two matmul kernels: `chunk_scan_kernel` (rows x head dims
+    per program, the inner K / N steps) and `chunk_state_kernel` (head dims x state dims, rows
+    per step). `num_stages > 1` applies only where Triton cannot keep a register-operand wgmma
+    in flight across the loop (see `_launch_chunk_scan`)."""
+
+    scan_m: int = 64
+    scan_p: int = 64
+    scan_k: int = 64
+    scan_n: int = 128
+    scan_warps: int = 4
+    scan_stages: int = 1
+    state_p: int = 64
+    state_n: int = 64
+    state_l: int = 64
+    state_warps: int = 4
+
+
 def _launch_scan(
     x: torch.Tensor, dt: torch.Tensor, dt_bias: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
     C: torch.Tensor, D: torch.Tensor, qsl: torch.Tensor, offsets: torch.Tensor,
     ssm_states: torch.Tensor, read_slots: torch.Tensor, write_slots: torch.Tensor,
     checkpoints: torch.Tensor | None, chunk: int, dt_min: float, dt_max: float, y: torch.Tensor,
+    tiles: ScanTiles = ScanTiles(),
 ) -> None:  # fmt: skip
     num_tokens, num_heads, head_dim = x.shape
     num_requests, num_groups, state_dim = qsl.shape[0] - 1, B.shape[1], B.shape[2]
@@ -248,22 +275,14 @@ def _launch_scan(
     )  # fmt: skip
     cb = torch.empty(max_chunks, num_groups, chunk, chunk, dtype=f32, device=dev)
     bm = min(64, chunk)
-    block_n = min(64, _pow2(state_dim))
     ssd_chunked.chunk_bmm_kernel[((chunk // bm) ** 2, max_chunks, num_groups)](
         B, C, plan[0], plan[1], plan[2], cb, B.stride(0), B.stride(1), C.stride(0), C.stride(1),
         cb.stride(0), cb.stride(1), STATE_DIM=state_dim, CHUNK=chunk, BLOCK_M=bm, BLOCK_K=bm,
-        BLOCK_N=block_n, DOT=dot, num_warps=4,
+        BLOCK_N=min(64, _pow2(state_dim)), DOT=dot, num_warps=4,
     )  # fmt: skip
-    states = torch.empty(max_chunks, num_heads, head_dim, state_dim, dtype=f32, device=dev)
-    block_p = min(64, _pow2(head_dim))
-    tiles = triton.cdiv(head_dim, block_p) * triton.cdiv(state_dim, block_n)
-    ssd_chunked.chunk_state_kernel[(num_heads, tiles, max_chunks)](
-        x, B, dt_c, log_decay, plan[0], plan[1], plan[2], states, x.stride(0), x.stride(1),
-        B.stride(0), B.stride(1), dt_c.stride(0), dt_c.stride(1), states.stride(0),
-        states.stride(1), states.stride(2), HEADS_PER_GROUP=num_heads // num_groups,
-        HEAD_DIM=head_dim, STATE_DIM=state_dim, CHUNK=chunk, BLOCK_P=block_p,
-        BLOCK_N=block_n, BLOCK_L=min(64, chunk), DOT=dot, num_warps=4,
-    )  # fmt: skip
+    states = torch.empty(max_chunks + num_requests, num_heads, head_dim, state_dim, dtype=f32,
+                         device=dev)  # fmt: skip
+    _launch_chunk_states(x, B, dt_c, log_decay, plan, states, chunk, tiles, dot)
     ckpt = checkpoints if checkpoints is not None else first_chunk[:, None]
     size = head_dim * state_dim
     block = min(1024, _pow2(size))
@@ -273,17 +292,48 @@ def _launch_scan(
         log_decay.stride(0), log_decay.stride(1), ssm_states.stride(0), ssm_states.stride(1),
         ckpt.stride(0), STATE_SIZE=size, CHUNK=chunk, BLOCK=block, num_warps=4,
     )  # fmt: skip
-    block_n = min(128, _pow2(state_dim))
-    grid = (num_heads, (chunk // bm) * triton.cdiv(head_dim, block_p), max_chunks)
-    # num_stages=1: Triton may keep a wgmma on register operands in flight across the loop
-    # back-edge with more stages on sm90 (vLLM's _drop_racy_wgmma_configs).
+    _launch_chunk_scan(x, C, cb, dt_c, log_decay, states, D, plan, y, chunk, tiles, dot)
+
+
+def _launch_chunk_states(
+    x: torch.Tensor, B: torch.Tensor, dt_c: torch.Tensor, log_decay: torch.Tensor,
+    plan: torch.Tensor, states: torch.Tensor, chunk: int, tiles: ScanTiles, dot: str,
+) -> None:  # fmt: skip
+    num_heads, head_dim, state_dim = x.shape[1], x.shape[2], B.shape[2]
+    block_p = min(tiles.state_p, _pow2(head_dim))
+    block_n = min(tiles.state_n, _pow2(state_dim))
+    tiles_pn = triton.cdiv(head_dim, block_p) * triton.cdiv(state_dim, block_n)
+    ssd_chunked.chunk_state_kernel[(num_heads, tiles_pn, plan.shape[1])](
+        x, B, dt_c, log_decay, plan[0], plan[1], plan[2], states, x.stride(0), x.stride(1),
+        B.stride(0), B.stride(1), dt_c.stride(0), dt_c.stride(1), states.stride(0),
+        states.stride(1), states.stride(2), HEADS_PER_GROUP=num_heads // B.shape[1],
+        HEAD_DIM=head_dim, STATE_DIM=state_dim, CHUNK=chunk, BLOCK_P=block_p,
+        BLOCK_N=block_n, BLOCK_L=min(tiles.state_l, chunk), DOT=dot,
+        num_warps=tiles.state_warps,
+    )  # fmt: skip
+
+
+def _launch_chunk_scan(
+    x: torch.Tensor, C: torch.Tensor, cb: torch.Tensor, dt_c: torch.Tensor,
+    log_decay: torch.Tensor, states: torch.Tensor, D: torch.Tensor, plan: torch.Tensor,
+    y: torch.Tensor, chunk: int, tiles: ScanTiles, dot: str,
+) -> None:  # fmt: skip
+    num_heads, head_dim, state_dim = x.shape[1], x.shape[2], C.shape[2]
+    block_m = min(tiles.scan_m, chunk)
+    block_p = min(tiles.scan_p, _pow2(head_dim))
+    grid = (num_heads, (chunk // block_m) * triton.cdiv(head_dim, block_p), plan.shape[1])
+    # More than one stage only without whole warpgroups on 64-row tiles: otherwise Triton may
+    # keep a wgmma on register operands in flight across the loop back-edge on sm90 (vLLM's
+    # _drop_racy_wgmma_configs).
+    racy = tiles.scan_warps % 4 == 0 and block_m % 64 == 0
     ssd_chunked.chunk_scan_kernel[grid](
         x, C, cb, dt_c, log_decay, states, D, plan[0], plan[1], plan[2], y, x.stride(0),
         x.stride(1), C.stride(0), C.stride(1), cb.stride(0), cb.stride(1), dt_c.stride(0),
         dt_c.stride(1), states.stride(0), states.stride(1), states.stride(2), y.stride(0),
-        y.stride(1), HEADS_PER_GROUP=num_heads // num_groups, HEAD_DIM=head_dim,
-        STATE_DIM=state_dim, CHUNK=chunk, BLOCK_M=bm, BLOCK_P=block_p, BLOCK_K=bm,
-        BLOCK_N=block_n, DOT=dot, num_warps=4, num_stages=1,
+        y.stride(1), HEADS_PER_GROUP=num_heads // C.shape[1], HEAD_DIM=head_dim,
+        STATE_DIM=state_dim, CHUNK=chunk, BLOCK_M=block_m, BLOCK_P=block_p,
+        BLOCK_K=min(tiles.scan_k, block_m), BLOCK_N=min(tiles.scan_n, _pow2(state_dim)),
+        DOT=dot, num_warps=tiles.scan_warps, num_stages=1 if racy else tiles.scan_stages,
     )  # fmt: skip
 
 
