@@ -240,3 +240,11 @@ def test_errors_name_the_input_and_what_was_expected():
         bad = {**inp, "B": inp["B"].new_zeros(3, 3, 16), "C": inp["C"].new_zeros(3, 3, 16)}
         ssd_state_update(**bad, ssm_states=states, read_slots=int32([0, 1, 2]),
                          write_slots=int32([0, 1, 2]))  # fmt: skip
+
+
+def test_pdl_is_off_on_cpu_and_when_the_environment_says_so(monkeypatch):
+    from unified_attn.kernels.pdl import pdl_enabled
+
+    assert not pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv("UNIFIED_ATTN_PDL", "0")
+    assert not pdl_enabled(torch.device("cuda", 0))  # decided before asking the device
