@@ -13,17 +13,25 @@ here with `l2norm=True`; each key head serves `Hv / Hk` value heads; the kernels
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 
 from unified_attn.backends.gated_delta_math import L2_EPS
 from unified_attn.backends.triton.ssm_checks import FLOAT_DTYPES, check_slots, check_tensor
+from unified_attn.kernels.ssm import gated_delta_chunked as chunked_kernels
 from unified_attn.kernels.ssm import gated_delta_update as update_kernels
 from unified_attn.kernels.ssm import gated_delta_varlen as varlen_kernels
+from unified_attn.kernels.ssm import gated_delta_wy as wy_kernels
+from unified_attn.kernels.ssm import ssd_chunked
 
 INT32, FLOAT32 = (torch.int32,), (torch.float32,)
 UPDATE_TILE = 4096  # float32 elements of a decode program's state tile (16 KiB)
-VARLEN_BLOCK_V = 16  # state columns a prefill program keeps in registers
+VARLEN_BLOCK_V = 16  # state columns a token-by-token prefill program keeps in registers
+CHUNK: int = wy_kernels.CHUNK.value  # rows of a chunk of the WY form (64)
+CHUNKED_BLOCK_V = 32  # state columns a chunked-form program keeps in registers (16-bit)
+VARLEN_KERNELS = ("auto", "chunked", "tokens")
 
 
 def gated_delta_update(
@@ -97,16 +105,24 @@ def gated_delta_chunked_varlen(
     checkpoint_slots: torch.Tensor | None = None,
     *,
     l2norm: bool = False,
+    kernel: str = "auto",
 ) -> torch.Tensor:
     """Prefill: each request's rows through the rule. q, k `[T, Hk, Dk]`, v `[T, Hv, Dv]`, g and
     beta `[T, Hv]` float32, query_start_loc `[R + 1]` and offsets `[R]` int32 (tokens each
     request had before) -> o `[T, Hv, Dv]` in v's dtype (`gated_delta_math.gated_delta_chunked`
-    per request, computed token by token: exact whatever the chunking).
+    per request).
 
     checkpoint_slots `[R, M]` int32: entry j of request r receives the state after absolute
     position `(offsets[r] // chunk_size + 1 + j) * chunk_size` if that is within its new rows
-    (`<= offsets[r] + rows`); -1 or a position past the rows: nothing written. Any
-    `chunk_size >= 1` (1: entry j is the state after the request's first j + 1 rows)."""
+    (`<= offsets[r] + rows`); -1 or a position past the rows: nothing written.
+
+    `kernel` picks the path: "chunked", the WY form over chunks of CHUNK = 64 rows that end at
+    absolute multiples of 64 (`kernels/ssm/gated_delta_chunked.py`, three launches), which
+    needs q, k and v of one dtype and, with checkpoints, chunk_size a multiple of 64; "tokens",
+    the recurrence token by token (one launch; any `chunk_size >= 1`, 1: entry j is the state
+    after the request's first j + 1 rows); "auto" (the default): "chunked" where it applies,
+    else "tokens". Scratch of the chunked form: `min(T, T // 64 + 2 R)` chunks of `Hv * 64 *
+    (Dk + Dv + 64)` elements in v's dtype (w, u, P) and `Hv * 3 * 64` float32."""
     op = "gated_delta_chunked_varlen"
     _check_rule(op, q, k, v, g, beta, states)
     num_requests = query_start_loc.shape[0] - 1
@@ -119,13 +135,136 @@ def gated_delta_chunked_varlen(
                      v.device, unit_stride=True)  # fmt: skip
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{op}: chunk_size is {chunk_size!r}, expected a positive int")
+    path = varlen_kernel(op, kernel, q, k, v, chunk_size, checkpoint_slots is not None)
     o = torch.empty_like(v)
-    if num_requests:
+    if num_requests and path == "chunked":
+        launch_chunked(q, k, v, g, beta, query_start_loc, offsets, states, read_slots,
+                       write_slots, checkpoint_slots, o, scale, chunk_size, l2norm)  # fmt: skip
+    elif num_requests:
         ckpt = read_slots[:, None] if checkpoint_slots is None else checkpoint_slots
         _launch_varlen(q, k, v, g, beta, query_start_loc, offsets, states, read_slots,
                        write_slots, ckpt, checkpoint_slots is not None, o, scale, chunk_size,
                        l2norm)  # fmt: skip
     return o
+
+
+def varlen_kernel(
+    op: str, kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
+    has_checkpoints: bool,
+) -> str:  # fmt: skip
+    """The prefill path `kernel` ("auto", "chunked" or "tokens") resolves to."""
+    if kernel not in VARLEN_KERNELS:
+        raise ValueError(f"{op}: kernel is {kernel!r}, expected one of {VARLEN_KERNELS}")
+    dtypes = [str(t.dtype).removeprefix("torch.") for t in (q, k, v)]
+    one_dtype = len(set(dtypes)) == 1
+    aligned = not has_checkpoints or chunk_size % CHUNK == 0
+    if kernel == "chunked" and not one_dtype:
+        raise ValueError(
+            f"{op}: kernel='chunked' needs q, k and v of one dtype, found {dtypes}; pass "
+            "kernel='tokens' or 'auto'"
+        )
+    if kernel == "chunked" and not aligned:
+        raise ValueError(
+            f"{op}: kernel='chunked' with checkpoints needs chunk_size a multiple of {CHUNK}, "
+            f"found {chunk_size}; pass kernel='tokens' or 'auto'"
+        )
+    if kernel == "auto":
+        return "chunked" if one_dtype and aligned else "tokens"
+    return kernel
+
+
+class WYForm(NamedTuple):
+    """The chunked form's plan and per-chunk scratch (`kernels/ssm/gated_delta_wy.py`)."""
+
+    plan: torch.Tensor  # [3, NC] int32: each chunk's request (-1: none), first row, rows
+    first_chunk: torch.Tensor  # [R] int32
+    w: torch.Tensor  # [NC, Hv, CHUNK, Dk]
+    u: torch.Tensor  # [NC, Hv, CHUNK, Dv]
+    scores: torch.Tensor  # [NC, Hv, CHUNK, CHUNK]
+    factors: torch.Tensor  # [NC, Hv, 3, CHUNK] float32
+
+
+def chunked_tiles(dtype: torch.dtype) -> tuple[int, int, int]:
+    """(BLOCK_V, num_warps, num_stages) of `chunk_state_kernel`: `[Dk, 32]` state tiles, the
+    next chunk's loads in flight (no spills at Dk = 128, sm90); float32's FMA products: 16
+    columns, 8 warps."""
+    return (16, 8, 2) if dtype == torch.float32 else (CHUNKED_BLOCK_V, 4, 2)
+
+
+def launch_chunked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    qsl: torch.Tensor, offsets: torch.Tensor, states: torch.Tensor, read_slots: torch.Tensor,
+    write_slots: torch.Tensor, checkpoints: torch.Tensor | None, o: torch.Tensor, scale: float,
+    chunk_size: int, l2norm: bool, tiles: tuple[int, int, int] | None = None,
+) -> None:  # fmt: skip
+    """The chunked form's three launches, unchecked (`gated_delta_chunked_varlen` checks; a
+    benchmark sweeps `tiles` through this)."""
+    form = wy_form(q, k, v, g, beta, qsl, offsets, scale, l2norm)
+    launch_chunk_states(form, q, k, o, qsl, offsets, states, read_slots, write_slots,
+                        checkpoints, chunk_size, tiles or chunked_tiles(v.dtype))  # fmt: skip
+
+
+def wy_form(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    qsl: torch.Tensor, offsets: torch.Tensor, scale: float, l2norm: bool,
+) -> WYForm:  # fmt: skip
+    """The chunk plan and every chunk's WY form (two launches, all chunks in parallel). Scratch
+    sizes come from the shapes alone (`min(T, T // 64 + 2 R)` chunks): no host sync."""
+    num_tokens, num_heads, v_dim = v.shape
+    num_requests, k_dim = qsl.shape[0] - 1, k.shape[2]
+    max_chunks = max(1, min(num_tokens, num_tokens // CHUNK + 2 * num_requests))
+    dev, dtype = v.device, v.dtype
+    plan = torch.empty(3, max_chunks, dtype=torch.int32, device=dev)
+    first_chunk = torch.empty(num_requests, dtype=torch.int32, device=dev)
+    ssd_chunked.chunk_plan_kernel[(triton.cdiv(max_chunks, 64),)](
+        qsl, offsets, plan[0], plan[1], plan[2], first_chunk, num_requests, max_chunks,
+        CHUNK=CHUNK, BLOCK_R=64, BLOCK_NC=64,
+    )  # fmt: skip
+    per_chunk = (max_chunks, num_heads)
+    form = WYForm(
+        plan, first_chunk, torch.empty(*per_chunk, CHUNK, k_dim, dtype=dtype, device=dev),
+        torch.empty(*per_chunk, CHUNK, v_dim, dtype=dtype, device=dev),
+        torch.empty(*per_chunk, CHUNK, CHUNK, dtype=dtype, device=dev),
+        torch.empty(*per_chunk, 3, CHUNK, dtype=torch.float32, device=dev),
+    )  # fmt: skip
+    fp32 = dtype == torch.float32  # float32 models get float32 products
+    w, u, scores, factors = form.w, form.u, form.scores, form.factors
+    wy_kernels.chunk_wy_kernel[(max_chunks, num_heads)](
+        q, k, v, g, beta, plan[0], plan[1], plan[2], w, u, scores, factors, float(scale),
+        L2_EPS, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), beta.stride(0), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+        scores.stride(0), scores.stride(1), factors.stride(0), factors.stride(1),
+        HEADS_PER_KEY=num_heads // k.shape[1], K_DIM=k_dim, V_DIM=v_dim, BLOCK_K=_pow2(k_dim),
+        BLOCK_V=min(64, _pow2(v_dim)), L2NORM=l2norm, DOT="ieee" if fp32 else "tf32",
+        INV="ieee" if fp32 else "tf32x3", num_warps=4, num_stages=1,
+    )  # fmt: skip
+    return form
+
+
+def launch_chunk_states(
+    form: WYForm, q: torch.Tensor, k: torch.Tensor, o: torch.Tensor, qsl: torch.Tensor,
+    offsets: torch.Tensor, states: torch.Tensor, read_slots: torch.Tensor,
+    write_slots: torch.Tensor, checkpoints: torch.Tensor | None, chunk_size: int,
+    tiles: tuple[int, int, int],
+) -> None:  # fmt: skip
+    """Each request's chunks in order: outputs, checkpoints and final state (one launch)."""
+    num_heads, v_dim = o.shape[1], o.shape[2]
+    block_v, num_warps, num_stages = tiles
+    ckpt = read_slots[:, None] if checkpoints is None else checkpoints
+    w, u, scores, factors = form.w, form.u, form.scores, form.factors
+    grid = (qsl.shape[0] - 1, num_heads, triton.cdiv(v_dim, block_v))
+    chunked_kernels.chunk_state_kernel[grid](
+        q, k, w, u, scores, factors, o, form.plan[1], form.plan[2], form.first_chunk, qsl,
+        offsets, states, read_slots, write_slots, ckpt,
+        0 if checkpoints is None else ckpt.shape[1], chunk_size, q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+        scores.stride(0), scores.stride(1), factors.stride(0), factors.stride(1), o.stride(0),
+        o.stride(1), states.stride(0), states.stride(1), states.stride(2), ckpt.stride(0),
+        HEADS_PER_KEY=num_heads // k.shape[1], K_DIM=k.shape[2], V_DIM=v_dim,
+        BLOCK_K=_pow2(k.shape[2]), BLOCK_V=block_v, HAS_CHECKPOINTS=checkpoints is not None,
+        DOT="ieee" if o.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        num_stages=num_stages,
+    )  # fmt: skip
 
 
 def _launch_varlen(
