@@ -3,11 +3,13 @@ kernel="chunked", `kernels/ssm/gated_delta_{wy,chunked}.py`) against `gated_delt
 against the token-by-token kernel: requests of 0, 1, 63, 64, 65 and 150 rows, nonzero offsets
 (a first chunk cut short), read slot -1 and >= 0, write slot -1, GQA, q and k normalised by
 the caller or in the kernel, head sizes that are not powers of two, checkpoints every 64 and
-128 positions (one at a request's last row), and which kernel "auto" picks.
+128 positions (one at a request's last row), and which kernel "auto" picks (token by token).
 
 On CPU the kernels run in Triton's interpreter (float16/float32: its bfloat16 is wrong); on a
 GPU the file adds bfloat16, Qwen3-Next-80B's head sizes and the benchmark's state tiles.
 """
+
+import os
 
 import pytest
 import torch
@@ -19,6 +21,14 @@ from unified_attn.backends.triton.gated_delta_ops import gated_delta_chunked_var
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
+# On an H200 the chunked form gives NaN rows (Dk = 16, 16-bit inputs) and illegal memory
+# accesses (Qwen3-Next's head sizes with some state tiles), which poison the worker's CUDA
+# context: "auto" does not take it, and its GPU runs are opt-in until that is fixed.
+pytestmark = pytest.mark.skipif(
+    GPU and os.environ.get("UNIFIED_ATTN_GDN_CHUNKED_GPU_TESTS") != "1",
+    reason="chunked gated delta form: known NaN / illegal access on an H200 (issue 40); set "
+    "UNIFIED_ATTN_GDN_CHUNKED_GPU_TESTS=1 to run it",
+)
 DTYPES = [torch.float32, torch.float16, torch.bfloat16] if GPU else [torch.float32, torch.float16]
 TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 NUM_BLOCKS = 12
@@ -83,7 +93,7 @@ def test_chunked_matches_the_token_by_token_kernel(dtype):
     assert rel_err(after, want_states) < TOL[dtype]
 
 
-def test_auto_picks_the_chunked_form_where_it_applies(monkeypatch):
+def test_auto_picks_the_token_by_token_kernel(monkeypatch):
     calls = []
     monkeypatch.setattr(ops, "launch_chunked", lambda *args: calls.append("chunked"))
     monkeypatch.setattr(ops, "_launch_varlen", lambda *args: calls.append("tokens"))
@@ -93,7 +103,8 @@ def test_auto_picks_the_chunked_form_where_it_applies(monkeypatch):
     for chunk_size, ckpt in ((1, None), (128, int32([[2, 3]])), (8, int32([[2, 3]]))):
         gated_delta_chunked_varlen(*args, chunk_size, ckpt)
     gated_delta_chunked_varlen(*args, 64, kernel="tokens")
-    assert calls == ["chunked", "chunked", "tokens", "tokens"]
+    gated_delta_chunked_varlen(*args, 64, kernel="chunked")
+    assert calls == ["tokens", "tokens", "tokens", "tokens", "chunked"]
 
 
 def test_chunked_names_what_it_cannot_take():

@@ -4,11 +4,11 @@ Mamba-2's (`mamba_device.DeviceSlots`).
 
 A decode step (one token per request) runs the one-token convolution and rule update; in a
 CUDA graph its slots come from the persistent `seq_lens` and block tables (`device_slots`).
-Other steps run the varlen convolution and the varlen rule over every request at once: its
-chunked form when the step saves no checkpoints, else the token-by-token kernel, which can save
-a state after any row, so checkpoints ("all" mode's block boundaries, a verify step's state per
-token) are planned on a grid of one row (`CHECKPOINT_GRID`) and never send a step to the torch
-path.
+Other steps run the varlen convolution and the varlen rule over every request at once, token
+by token (`gated_delta_chunked_varlen`'s "auto": its chunked form is opt-in until a GPU bug is
+fixed), which can save a state after any row, so checkpoints ("all" mode's block boundaries,
+a verify step's state per token) are planned on a grid of one row (`CHECKPOINT_GRID`) and
+never send a step to the torch path.
 """
 
 from __future__ import annotations

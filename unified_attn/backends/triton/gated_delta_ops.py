@@ -120,9 +120,14 @@ def gated_delta_chunked_varlen(
     absolute multiples of 64 (`kernels/ssm/gated_delta_chunked.py`, three launches), which
     needs q, k and v of one dtype and, with checkpoints, chunk_size a multiple of 64; "tokens",
     the recurrence token by token (one launch; any `chunk_size >= 1`, 1: entry j is the state
-    after the request's first j + 1 rows); "auto" (the default): "chunked" where it applies,
-    else "tokens". Scratch of the chunked form: `min(T, T // 64 + 2 R)` chunks of `Hv * 64 *
-    (Dk + Dv + 64)` elements in v's dtype (w, u, P) and `Hv * 3 * 64` float32."""
+    after the request's first j + 1 rows); "auto" (the default): "tokens" for now. The chunked
+    form matches the torch form in Triton's interpreter and at Qwen3-Next's shapes on an H200
+    (1.5x vLLM's fla kernel at 2k tokens), but gives NaN rows at Dk = 16 in 16-bit inputs and
+    illegal memory accesses with some state tiles there, so it runs only when asked for until
+    that is found (tests/backends/test_gated_delta_chunked.py reproduces it on a GPU with
+    UNIFIED_ATTN_GDN_CHUNKED_GPU_TESTS=1). Scratch of the chunked form: `min(T, T // 64 +
+    2 R)` chunks of `Hv * 64 * (Dk + Dv + 64)` elements in v's dtype (w, u, P) and
+    `Hv * 3 * 64` float32."""
     op = "gated_delta_chunked_varlen"
     _check_rule(op, q, k, v, g, beta, states)
     num_requests = query_start_loc.shape[0] - 1
@@ -168,9 +173,7 @@ def varlen_kernel(
             f"{op}: kernel='chunked' with checkpoints needs chunk_size a multiple of {CHUNK}, "
             f"found {chunk_size}; pass kernel='tokens' or 'auto'"
         )
-    if kernel == "auto":
-        return "chunked" if one_dtype and aligned else "tokens"
-    return kernel
+    return "tokens" if kernel == "auto" else kernel
 
 
 class WYForm(NamedTuple):
