@@ -24,10 +24,10 @@ def check_tensor(
     """`shape` entries None match any size. Raises ValueError naming `op` and `name`."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, found {type(tensor).__name__}")
-    wanted = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
     if tensor.dim() != len(shape) or any(
         s is not None and s != t for s, t in zip(shape, tensor.shape, strict=True)
     ):
+        wanted = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{op}: {name} has shape {list(tensor.shape)}, expected {wanted}")
     if tensor.dtype not in dtypes:
         names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
