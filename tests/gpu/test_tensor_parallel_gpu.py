@@ -17,10 +17,15 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, list(range(30, 90)), [3, 4] * 20]
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "gemma2-like"])
 def test_two_ranks_give_the_tokens_of_one_device_in_float32(preset):
+    assert_two_ranks_give_one_devices_tokens(preset)
+
+
+def assert_two_ranks_give_one_devices_tokens(model: str) -> None:
+    """Two ranks in float32 (decode replaying CUDA graphs) against one device, greedy tokens."""
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     options = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
-    want = LLMEngine(preset, **options).generate(PROMPTS, params)
-    engine = LLMEngine(preset, tensor_parallel_size=2, **options)
+    want = LLMEngine(model, **options).generate(PROMPTS, params)
+    engine = LLMEngine(model, tensor_parallel_size=2, **options)
     try:
         got = engine.generate(PROMPTS, params)
         assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
@@ -52,14 +57,6 @@ def test_deepseek_ranks_on_the_triton_kernels_give_the_tokens_of_one_device(pres
 def test_state_layer_ranks_on_the_triton_kernels_give_the_tokens_of_one_device(family, tmp_path):
     """Mamba-2 (one group: replicated B and C, the gated norm's all-reduce) and gated delta-net
     shards on the SSM kernels; decode replays graphs with the all-reduces inside."""
-    path = str(save_hf_model(STATE_CHECKPOINTS[family](), tmp_path / family))
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    options = dict(device="cuda", dtype="float32", gpu_memory_utilization=0.3)
-    want = LLMEngine(path, **options).generate(PROMPTS, params)
-    engine = LLMEngine(path, tensor_parallel_size=2, **options)
-    try:
-        got = engine.generate(PROMPTS, params)
-        assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
-    finally:
-        engine.shutdown()
-    assert [o.output_token_ids for o in got] == [o.output_token_ids for o in want]
+    assert_two_ranks_give_one_devices_tokens(
+        str(save_hf_model(STATE_CHECKPOINTS[family](), tmp_path / family))
+    )
