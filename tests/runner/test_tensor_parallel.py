@@ -178,9 +178,10 @@ def test_every_rank_sizes_its_cache_and_all_use_the_minimum():
 
 
 def test_a_step_message_larger_than_the_fixed_broadcast_takes_a_second_one(monkeypatch):
-    """Six new 1,500-token prompts scheduled in one step pickle to more than `MESSAGE_BYTES`."""
+    """Six new 1,500-token prompts scheduled in one step encode to more than `MESSAGE_BYTES`."""
     from unified_attn.distributed import tp_group as tensor_parallel
-    from unified_attn.distributed.tp_messages import MESSAGE_BYTES, encode
+    from unified_attn.distributed.tp_codec import encode
+    from unified_attn.distributed.tp_messages import MESSAGE_BYTES
 
     sizes = []
     monkeypatch.setattr(

@@ -1,7 +1,8 @@
 """The step message rank 0 sends the other tensor-parallel ranks rebuilds the same scheduled
 step there, the state slot of each request (speculation over state layers) included."""
 
-from unified_attn.distributed.tp_messages import Mirror, Replica, decode, encode
+from unified_attn.distributed.tp_codec import decode, encode
+from unified_attn.distributed.tp_messages import Mirror, Replica
 from unified_attn.request import Request
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.sampling_params import SamplingParams

@@ -29,14 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unified_attn.distributed.tp_messages import (
-    MESSAGE_BYTES,
-    Mirror,
-    Replica,
-    StepMessage,
-    decode,
-    encode,
-)
+from unified_attn.distributed.tp_codec import decode, encode
+from unified_attn.distributed.tp_messages import MESSAGE_BYTES, Mirror, Replica, StepMessage
 from unified_attn.distributed.tp_process_group import (
     free_port,
     join_group,
@@ -51,6 +45,8 @@ from unified_attn.distributed.tp_rank import (
     rank_model,
 )
 from unified_attn.runner.scheduler import SchedulerOutput
+
+MAX_MESSAGE_SIZE = 1 << 30  # what a rank allocates for one message at most
 
 # ---- ranks 1..N-1 ------------------------------------------------------------------------------
 
@@ -74,7 +70,7 @@ def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None)
 
 def send_message(message: StepMessage | None, group: Any) -> None:
     """Rank 0: broadcast one step (or None: stop) on the control group, in one fixed-size
-    collective of `MESSAGE_BYTES` (an 8-byte length, then the pickled message) when it fits,
+    collective of `MESSAGE_BYTES` (an 8-byte length, then the encoded message) when it fits,
     the rest in a second one: `broadcast_object_list` takes two collectives every time."""
     data = encode(message)
     head = min(len(data), MESSAGE_BYTES - 8)
@@ -88,10 +84,15 @@ def send_message(message: StepMessage | None, group: Any) -> None:
 
 
 def receive_message(group: Any) -> StepMessage | None:
-    """Ranks 1..N-1: the next message `send_message` broadcasts."""
+    """Ranks 1..N-1: the next message `send_message` broadcasts (`decode` refuses, with a
+    `ValueError`, anything that is not a well-formed message)."""
     buffer = torch.empty(MESSAGE_BYTES, dtype=torch.uint8)
     dist.broadcast(buffer, src=0, group=group)
     size = int(buffer[:8].view(torch.int64)[0])
+    if not 0 <= size <= MAX_MESSAGE_SIZE:
+        raise ValueError(
+            f"step message: length prefix {size}, expected 0 to {MAX_MESSAGE_SIZE} bytes"
+        )
     head = min(size, MESSAGE_BYTES - 8)
     data = buffer[8 : 8 + head].numpy().tobytes()
     if size > head:
