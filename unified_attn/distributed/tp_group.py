@@ -35,6 +35,7 @@ from unified_attn.distributed.tp_process_group import (
     free_port,
     join_group,
     leave_group,
+    startup_done,
     torchrun_rank,
 )
 from unified_attn.distributed.tp_rank import (
@@ -62,6 +63,7 @@ def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None)
     num_blocks, _ = agree_on_blocks(worker, control)
     worker.allocate(num_blocks)
     runner = make_rank_runner(config, source, worker)
+    startup_done(control)
     replica = Replica()
     while (message := receive_message(control)) is not None:  # as long as rank 0 is idle
         runner.execute(replica.output(message), sample=False)  # rank 0 samples
@@ -175,6 +177,13 @@ class TensorParallelGroup:
         self.control: Any = None
         try:
             self.control = join_group(config, 0, n, port)
+        except BaseException as error:
+            self.fail(error)
+
+    def built(self) -> None:
+        """Rank 0 has built; wait for every rank to have built too (`startup_done`)."""
+        try:
+            startup_done(self.control)
         except BaseException as error:
             self.fail(error)
 

@@ -5,10 +5,13 @@ engine spawns them itself), which device a rank uses (`rank_device`), where spaw
 (`free_port`), joining the group (`join_group`: NCCL or gloo for the model, gloo for control)
 and leaving it, bounded even where NCCL's orderly teardown would hang (`leave_group`). The
 model's collectives fail after `timeout_s()` (30 s, or the environment's
-`UNIFIED_ATTN_TP_TIMEOUT_S`) of waiting on a silent rank; the control group's (the block
-agreement, the step messages) wait up to `IDLE_LIMIT`, so ranks may load a model at different
-speeds and an engine may sit idle between steps, while a dead peer still ends any wait at once
-(its connections close).
+`UNIFIED_ATTN_TP_TIMEOUT_S`) of waiting on a silent rank once every rank has built
+(`startup_done`); until then they wait up to `startup_timeout_s()` (600 s, or
+`UNIFIED_ATTN_TP_STARTUP_TIMEOUT_S`), since ranks compile kernels and capture CUDA graphs at
+different speeds and the first all-reduces of a warm-up or capture meet only when the slowest
+rank gets there. The control group's waits (the block agreement, the step messages) last up to
+`IDLE_LIMIT`, so ranks may load a model at different speeds and an engine may sit idle between
+steps, while a dead peer still ends any wait at once (its connections close).
 """
 
 from __future__ import annotations
@@ -24,23 +27,35 @@ import torch.distributed as dist
 
 TIMEOUT_S = 30.0  # a collective waiting this long on a silent rank fails (default)
 TIMEOUT_VARIABLE = "UNIFIED_ATTN_TP_TIMEOUT_S"
+STARTUP_TIMEOUT_S = 600.0  # ... while the ranks build (load, compile, capture)
+STARTUP_TIMEOUT_VARIABLE = "UNIFIED_ATTN_TP_STARTUP_TIMEOUT_S"
 IDLE_LIMIT = datetime.timedelta(days=365)  # the control group's waits: startup, idle engines
 
 
 def timeout_s() -> float:
-    """Seconds a collective waits on a silent rank: `UNIFIED_ATTN_TP_TIMEOUT_S` if set (spawned
-    ranks inherit it), else `TIMEOUT_S`."""
-    text = os.environ.get(TIMEOUT_VARIABLE)
+    """Seconds a collective waits on a silent rank once the ranks have built:
+    `UNIFIED_ATTN_TP_TIMEOUT_S` if set (spawned ranks inherit it), else `TIMEOUT_S`."""
+    return _seconds(TIMEOUT_VARIABLE, TIMEOUT_S)
+
+
+def startup_timeout_s() -> float:
+    """Seconds a collective waits while the ranks build: `UNIFIED_ATTN_TP_STARTUP_TIMEOUT_S` if
+    set, else `STARTUP_TIMEOUT_S`."""
+    return _seconds(STARTUP_TIMEOUT_VARIABLE, STARTUP_TIMEOUT_S)
+
+
+def _seconds(variable: str, default: float) -> float:
+    text = os.environ.get(variable)
     if text is None:
-        return TIMEOUT_S
+        return default
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not value > 0:
         raise ValueError(
-            f"{TIMEOUT_VARIABLE}={text!r}: expected a positive number of seconds; unset it for "
-            f"the default {TIMEOUT_S:g}"
+            f"{variable}={text!r}: expected a positive number of seconds; unset it for the "
+            f"default {default:g}"
         )
     return value
 
@@ -91,8 +106,9 @@ def free_port() -> int:
 
 
 def join_group(config: Any, rank: int, world_size: int, port: int | None) -> Any:
-    """Join the ranks' group (NCCL on CUDA, for the model's all-reduces, else gloo; they fail
-    after `timeout_s()`) and return the control group: gloo, for the block agreement and the
+    """Join the ranks' group (NCCL on CUDA, for the model's all-reduces, else gloo; meeting
+    and, after `startup_done`, its collectives fail after `timeout_s()`, until then after
+    `startup_timeout_s()`) and return the control group: gloo, for the block agreement and the
     step messages, waited on for up to `IDLE_LIMIT`, since ranks may load a large model at
     different speeds and an engine may sit idle between steps. Gloo notices a dead peer (its
     connections close) whatever the timeout, where a NCCL collective would wait for it forever;
@@ -107,9 +123,21 @@ def join_group(config: Any, rank: int, world_size: int, port: int | None) -> Any
         init_method="env://" if port is None else f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s()),
+        timeout=datetime.timedelta(seconds=timeout_s()),  # meeting: ranks join first thing
     )
+    _set_timeout(startup_timeout_s())  # then load, compile and capture at their own speeds
     return dist.new_group(backend="gloo", timeout=IDLE_LIMIT)
+
+
+def _set_timeout(seconds: float) -> None:
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds))
+
+
+def startup_done(control: Any) -> None:
+    """Every rank has built its shard, cache and graphs (a barrier on the `control` group, which
+    a dead rank ends at once); from now on the model's collectives fail after `timeout_s()`."""
+    dist.barrier(group=control)
+    _set_timeout(timeout_s())
 
 
 def leave_group(timeout_s: float = 10.0) -> bool:

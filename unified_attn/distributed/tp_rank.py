@@ -19,7 +19,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from unified_attn.distributed.tp_process_group import rank_device, timeout_s
+from unified_attn.distributed.tp_process_group import rank_device, startup_timeout_s, timeout_s
 from unified_attn.models.families import family_of
 from unified_attn.runner.memory import parse_memory
 from unified_attn.runner.model_runner import ModelRunner
@@ -44,7 +44,8 @@ def check_options(config: Any) -> None:
         raise ValueError(f"tensor_parallel_size must be a positive int, got {n!r}")
     if n == 1:
         return
-    timeout_s()  # a bad UNIFIED_ATTN_TP_TIMEOUT_S is refused before any process starts
+    timeout_s()  # a bad UNIFIED_ATTN_TP_(STARTUP_)TIMEOUT_S is refused before any process starts
+    startup_timeout_s()
     model = model_config(config.model)
     family_of(model).check_tensor_parallel(model, n, config.model)
     # Speculative settings, and that a draft model exists (rank 0 loads it whole).

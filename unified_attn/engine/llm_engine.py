@@ -93,6 +93,7 @@ class LLMEngine(KVCacheAccess):
                 self._tp.fail(error)
             raise
         if self._tp is not None:
+            self._tp.built()  # every rank has built: collectives wait the short timeout now
             weakref.finalize(self, self._tp.shutdown)
 
     def _build(self, config: EngineConfig) -> None:
