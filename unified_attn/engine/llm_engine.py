@@ -82,8 +82,7 @@ class LLMEngine(KVCacheAccess):
         if self.batch_invariant:
             check_batch_invariant_options(config)
         self.device = resolve_device(config.device)
-        # tensor parallelism: under torchrun, ranks 1..N-1 serve rank 0 here and never return;
-        # else rank 0 spawns them now and they build their shards alongside
+        # tensor parallelism: under torchrun ranks 1..N-1 serve here, else rank 0 spawns them
         serve_launched_rank(config)
         self._tp = TensorParallelGroup(config) if config.tensor_parallel_size > 1 else None
         try:
@@ -92,8 +91,8 @@ class LLMEngine(KVCacheAccess):
             if self._tp is not None:
                 self._tp.fail(error)
             raise
-        if self._tp is not None:
-            self._tp.built()  # every rank has built: collectives wait the short timeout now
+        if self._tp is not None:  # once every rank has built, collectives time out sooner
+            self._tp.built()
             weakref.finalize(self, self._tp.shutdown)
 
     def _build(self, config: EngineConfig) -> None:
