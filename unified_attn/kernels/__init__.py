@@ -10,8 +10,11 @@
 - `hyper`: DeepSeek-V4's hyper-connection weights.
 - `invariant`: the batch-invariant ops (matmul, norms, softmax) and their launchers.
 - `ssm`: Mamba-2 state layers: the causal convolution and the SSD scan (chunked and decode).
+- `layers`: a decoder step's fused layers: RMSNorm with the residual add, gated activations
+  (SwiGLU, GeGLU), rotary embeddings of q and k in place.
 
 A jit module holds kernels; the launchers that check inputs, plan tiles and launch live in the
 backends (`backends/triton/*_ops.py`) or beside the kernels where a model calls them directly
-(`moe`, `hyper`, `invariant/invariant_launch.py`). Kernels import nothing from the package.
+(`moe`, `hyper`, `layers`, `invariant/invariant_launch.py`). Kernels import nothing from the
+package.
 """

@@ -7,6 +7,7 @@ renames some architectures declare, `hf_families.WEIGHT_RENAMES`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any, cast
 
 import torch
@@ -16,6 +17,7 @@ from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.backend.state_layers import STATE_OPTIONS
 from unified_attn.models.attention_model import CausalLM
 from unified_attn.models.config import LayerKind, ModelConfig
+from unified_attn.models.fused import fused_by_default, set_fused_layers
 from unified_attn.models.invariant import invariant_linear, make_batch_invariant
 from unified_attn.models.layers import (
     FLOAT32_PARAMS,
@@ -66,10 +68,20 @@ class _Backbone(nn.Module):
             return self.rotary_emb_local
         return self.rotary_emb
 
+    def _rotaries(self) -> list[RotaryEmbedding]:
+        return [r for r in (self.rotary_emb, self.rotary_emb_local) if r is not None]
+
     def reset_rotary_buffers(self, device: torch.device | str) -> None:
-        for rotary in (self.rotary_emb, self.rotary_emb_local):
-            if rotary is not None:
-                rotary.reset_buffers(device)
+        for rotary in self._rotaries():
+            rotary.reset_buffers(device)
+
+    @contextmanager
+    def rotary_step(self, positions: torch.Tensor) -> Iterator[None]:
+        """The fused RoPE tables of `positions`, computed once for every layer."""
+        with ExitStack() as stack:
+            for rotary in self._rotaries():
+                stack.enter_context(rotary.step(positions))
+            yield
 
 
 class DecoderModel(CausalLM[ModelConfig, BackendKey]):
@@ -79,7 +91,8 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
     `backend_options={"batch_invariant": True}` builds the backends in batch-invariant mode and
     swaps the model's matmuls, norms and router for their batch-invariant forms
     (`models/invariant`), the LM head included: a row's logits then never depend on the
-    batch."""
+    batch. Otherwise a model built on CUDA runs the fused layers (`use_fused_layers`) when
+    `UNIFIED_ATTN_FUSED_LAYERS=1` (`models/fused.py`)."""
 
     model: _Backbone
     batch_invariant: bool
@@ -94,6 +107,21 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
         self.batch_invariant = False
         if options.get("batch_invariant", False):
             make_batch_invariant(self)
+        elif torch.device(device).type == "cuda" and fused_by_default():
+            self.use_fused_layers()
+
+    def use_fused_layers(self, enabled: bool = True) -> None:
+        """Norms (with their residual adds), gated activations and RoPE as the Triton kernels
+        of `kernels/layers`, separate q/k/v and gate/up projections as one GEMM each
+        (`models/fused.py`), or (`enabled=False`) the torch code. On CUDA by default with
+        `UNIFIED_ATTN_FUSED_LAYERS=1`; elsewhere only under Triton's interpreter (tests).
+        Batch-invariant mode keeps the torch code, whose invariant forms it swapped in."""
+        if enabled and self.batch_invariant:
+            raise ValueError(
+                "use_fused_layers: this model runs in batch-invariant mode, which keeps its "
+                "invariant torch layers; build it without batch_invariant to fuse them"
+            )
+        set_fused_layers(self, enabled)
 
     def _cast(self) -> None:
         super()._cast()
@@ -177,9 +205,11 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
         hidden = self.model.embed_tokens(input_ids)
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
-        for layer in self.model.layers:
-            hidden = layer(positions, hidden)
-        return self.model.norm(hidden)
+        residual = None
+        with self.model.rotary_step(positions):
+            for layer in self.model.layers:
+                hidden, residual = layer(positions, hidden, residual)
+        return self.model.norm.forward_residual(hidden, cast(torch.Tensor, residual))[0]
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

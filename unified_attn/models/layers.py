@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from unified_attn.backend import AttentionBackend, LayerConfig
+from unified_attn.kernels.layers import norm as norm_kernels
 from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
+from unified_attn.models.fused import PackedLinear
 from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import make_mlp
@@ -27,14 +29,30 @@ def norm_identity(style: NormStyle) -> float:
 class RMSNorm(nn.Module):
     """Normalise in float32; `style` says how the weight scales, each as its transformers class:
     `llama`: `weight * x.to(dtype)`; `float32`: `(weight * x).to(dtype)` (GPT-OSS);
-    `gemma`: `(x * (1 + weight)).to(dtype)` in float32, so a zero weight is the identity."""
+    `gemma`: `(x * (1 + weight)).to(dtype)` in float32, so a zero weight is the identity.
+    Fused (`set_fused`): one kernel per call, the residual add included (`forward_residual`)."""
 
     def __init__(self, hidden_size: int, eps: float, style: NormStyle = "llama") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.full((hidden_size,), norm_identity(style)))
         self.eps, self.style = eps, style
+        self.fused = False
+
+    def set_fused(self, enabled: bool) -> None:
+        self.fused = enabled
+
+    def forward_residual(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(norm(x + residual), x + residual)`, x and residual `[T, hidden_size]`."""
+        if self.fused and x.dtype == residual.dtype:
+            return norm_kernels.add_rms_norm(x, residual, self.weight, self.eps, self.style)
+        residual = x + residual
+        return self(residual), residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return norm_kernels.rms_norm(x, self.weight, self.eps, self.style)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.style == "gemma":
@@ -86,12 +104,14 @@ class Attention(nn.Module):
     backend. With `fused_qkv` one `qkv_proj` (rows: q, then k, then v) replaces q/k/v_proj.
     With `attn_output_gate` (Qwen3-Next) `q_proj` gives each head's query then its gate.
     `rotary_emb=None`: a NoPE layer (Llama 4), whose queries `attn_temperature` scales; the
-    RoPE layers' q and k are L2-normed after RoPE with `qk_l2_norm`."""
+    RoPE layers' q and k are L2-normed after RoPE with `qk_l2_norm`. Fused (`set_fused`):
+    separate q/k/v_proj run as one GEMM (`PackedLinear`, their parameters keep their names)."""
 
     sinks: nn.Parameter | None
     kv_scales: torch.Tensor | None
     q_norm: RMSNorm | None
     k_norm: RMSNorm | None
+    packed: PackedLinear | None
 
     def __init__(
         self,
@@ -112,6 +132,7 @@ class Attention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size]
         qkv_bias, o_bias = config.attention_bias, config.attention_output_bias
         self.fused_qkv, self.output_gate = config.fused_qkv, config.attn_output_gate
+        self.fused = False
         if self.fused_qkv:
             self.qkv_proj = nn.Linear(hidden, q_size + 2 * kv_size, bias=qkv_bias)
         else:
@@ -129,11 +150,21 @@ class Attention(nn.Module):
         # (`hf.load_kv_scales`), passed to the backend as the `kv_scales` kwarg; not in the
         # state dict, so checkpoints without them load unchanged
         self.register_buffer("kv_scales", None, persistent=False)
+        self.packed = None
+
+    def set_fused(self, enabled: bool) -> None:
+        if enabled and not self.fused_qkv and self.packed is None:
+            self.packed = PackedLinear([self.q_proj, self.k_proj, self.v_proj])
+        self.fused = enabled
 
     def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """hidden `[T, hidden_size]` -> q `[T, Hq * D]`, k and v `[T, Hkv * D]`."""
+        """hidden `[T, hidden_size]` -> q `[T, Hq * D]` (with its gates: `[T, Hq * 2D]`), k
+        and v `[T, Hkv * D]`."""
         if self.fused_qkv:
             q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+            return q, k, v
+        if self.fused and self.packed is not None:
+            q, k, v = self.packed(hidden).split(self.packed.sizes, dim=-1)
             return q, k, v
         return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
@@ -219,11 +250,20 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(hidden, eps, style)
             self.post_feedforward_layernorm = RMSNorm(hidden, eps, style)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(hidden))
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(out, residual)`: the layer's output before its last residual add, and the residual
+        stream so far; the next norm adds them (`RMSNorm.forward_residual`, one kernel when
+        fused). `residual=None` on the first layer: `hidden` is the stream itself."""
+        if residual is None:
+            residual, normed = hidden, self.input_layernorm(hidden)
+        else:
+            normed, residual = self.input_layernorm.forward_residual(hidden, residual)
+        attn = self.self_attn(positions, normed)
         if not self.post_norms:
-            hidden = hidden + attn
-            return hidden + self.mlp(self.post_attention_layernorm(hidden))
-        hidden = hidden + self.post_attention_layernorm(attn)
-        mlp = self.mlp(self.pre_feedforward_layernorm(hidden))
-        return hidden + self.post_feedforward_layernorm(mlp)
+            normed, residual = self.post_attention_layernorm.forward_residual(attn, residual)
+            return self.mlp(normed), residual
+        attn = self.post_attention_layernorm(attn)
+        normed, residual = self.pre_feedforward_layernorm.forward_residual(attn, residual)
+        return self.post_feedforward_layernorm(self.mlp(normed)), residual

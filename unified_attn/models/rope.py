@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from unified_attn.kernels.layers.rotary import apply_rotary
 from unified_attn.models.config import ModelConfig, RopeScaling
 
 
@@ -94,9 +97,14 @@ class RotaryEmbedding(nn.Module):
     """RoPE over the whole head, with the model's global RoPE settings or (`local=True`) those
     of its local layers (`ModelConfig.rope_of`); neox-style (rotate_half) or, with
     `rope_style="interleaved"`, on adjacent channel pairs (`rotate_pairs`). With
-    `partial_rotary_factor` below 1 only the first `rotary_dim` channels rotate (neox)."""
+    `partial_rotary_factor` below 1 only the first `rotary_dim` channels rotate (neox).
+
+    Fused (`set_fused`): q and k rotate in place in one kernel, from a `[cos | sin]` table of
+    the step's positions (`cos_sin_table`), computed once per step inside `step(positions)`
+    for every layer sharing this module (else once per call)."""
 
     inv_freq: torch.Tensor
+    _step: tuple[torch.Tensor, torch.Tensor] | None
 
     def __init__(self, config: ModelConfig, *, local: bool = False) -> None:
         super().__init__()
@@ -108,6 +116,10 @@ class RotaryEmbedding(nn.Module):
         self.interleaved = config.rope_style == "interleaved"
         self.attention_scaling = rope_attention_scaling(scaling)
         self.register_buffer("inv_freq", self._compute(), persistent=False)
+        self.fused, self._step = False, None
+
+    def set_fused(self, enabled: bool) -> None:
+        self.fused = enabled
 
     def _compute(self) -> torch.Tensor:
         return rope_inv_freq(self.rotary_dim, self.theta, self.scaling)
@@ -122,10 +134,41 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
 
+    def cos_sin_table(self, positions: torch.Tensor) -> torch.Tensor:
+        """`[T, rotary_dim]` float32: the cosines of each token's angles, then their sines,
+        attention-scaled: the values `cos_sin` gives (before its cast), once each."""
+        freqs = positions[:, None].float() * self.inv_freq.float()  # [T, rotary_dim / 2]
+        table = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        return table if self.attention_scaling == 1.0 else table * self.attention_scaling
+
+    @contextmanager
+    def step(self, positions: torch.Tensor) -> Iterator[None]:
+        """Within it, fused calls with these `positions` share one `cos_sin_table`."""
+        if not self.fused:
+            yield
+            return
+        self._step = (positions, self.cos_sin_table(positions))
+        try:
+            yield
+        finally:
+            self._step = None
+
+    def _table(self, positions: torch.Tensor) -> torch.Tensor:
+        """The step's table when inside `step(positions)`, else computed now."""
+        step = self._step
+        if step is not None and step[0] is positions:
+            return step[1]
+        return self.cos_sin_table(positions)
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q `[T, Hq, D]`, k `[T, Hkv, D]` -> rotated, same shapes and dtype."""
+        """q `[T, Hq, D]`, k `[T, Hkv, D]` -> rotated, same shapes and dtype (fused: q and k
+        themselves, rotated in place)."""
+        if self.fused:
+            style = "interleaved" if self.interleaved else "neox"
+            apply_rotary(q, k, self._table(positions), style=style)
+            return q, k
         if self.interleaved:
             return self._rotate_pairs(positions, q, k)
         cos, sin = self.cos_sin(positions, q.dtype)

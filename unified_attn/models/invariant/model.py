@@ -15,6 +15,7 @@ from torch import nn
 
 from unified_attn.kernels.moe.grouped_experts import GroupedConfig, invariant_config
 from unified_attn.models.config import AttnTemperature
+from unified_attn.models.fused import set_fused_layers
 from unified_attn.models.invariant.invariant_ops import (
     elementwise,
     invariant_linear,
@@ -153,7 +154,9 @@ def make_batch_invariant(model: nn.Module) -> nn.Module:
     """Swap, in place, every module of `model` that has a batch-invariant form (exact class
     match) and mark the model `batch_invariant` (its LM head then uses the invariant matmul).
     Idempotent. Returns `model`. Backends are not touched: build them with
-    `batch_invariant=True` (`backend_options`), as `DecoderModel` does in this mode."""
+    `batch_invariant=True` (`backend_options`), as `DecoderModel` does in this mode. Fused
+    layers (`models/fused.py`) go back to their torch code, which the swaps make invariant."""
+    set_fused_layers(model, False)
     for module in model.modules():
         swap = SWAPS.get(type(module))
         if swap is not None:

@@ -1,0 +1,94 @@
+"""The fused layers switch: a model's norms, activations, rotary embeddings and projections run
+either their torch code (the CPU path, batch-invariant mode, and the reference) or the fused
+Triton kernels of `kernels/layers` (CUDA), one projection GEMM per packed group
+(`PackedLinear`).
+
+`DecoderModel` turns the kernels on when it is built on CUDA outside batch-invariant mode and
+`UNIFIED_ATTN_FUSED_LAYERS=1` (`fused_by_default`): they are checked on the CPU through Triton's
+interpreter but not yet on a GPU, so they stay opt-in until the GPU suites have run them
+(issue 37). A layer that can fuse offers `set_fused(enabled)` (`Fusable`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class Fusable(Protocol):
+    """A layer with a fused kernel path beside its torch code."""
+
+    def set_fused(self, enabled: bool) -> None: ...
+
+
+FUSED_VARIABLE = "UNIFIED_ATTN_FUSED_LAYERS"
+
+
+def fused_by_default() -> bool:
+    """Whether a model built on CUDA runs the fused layers: `UNIFIED_ATTN_FUSED_LAYERS` is "1"
+    (off otherwise, for now); any value but "0" and "1" is refused."""
+    value = os.environ.get(FUSED_VARIABLE, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FUSED_VARIABLE}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def set_fused_layers(model: nn.Module, enabled: bool) -> None:
+    """Every `Fusable` layer of `model` on its kernel path (`enabled`) or its torch code."""
+    for module in model.modules():
+        if isinstance(module, Fusable):
+            module.set_fused(enabled)
+
+
+class PackedLinear:
+    """Linear layers over one input as one GEMM: their weights (and biases) become row blocks
+    of one tensor, each layer's parameters views of its block. What updates the parameters in
+    place (`load_state_dict`, `copy_`, tensor-parallel slicing) updates the packed weight; a
+    parameter replaced instead (`module.to`, `param.data = ...`) is noticed and packed again.
+
+    Not a module: the parameters stay the layers' own, under their checkpoint names."""
+
+    def __init__(self, linears: Sequence[nn.Linear]) -> None:
+        biases = {linear.bias is None for linear in linears}
+        if len(biases) != 1:
+            raise ValueError("PackedLinear: the layers must all have a bias or none have one")
+        self.linears = tuple(linears)
+        self.sizes = [linear.out_features for linear in linears]
+        self._pack()
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for linear in self.linears for p in (linear.weight, linear.bias)
+                if p is not None]  # fmt: skip
+
+    @torch.no_grad()
+    def _pack(self) -> None:
+        self.weight = _pack_rows([linear.weight for linear in self.linears], self.sizes)
+        first = self.linears[0].bias
+        self.bias = None
+        if first is not None:
+            self.bias = _pack_rows([linear.bias for linear in self.linears], self.sizes)
+        self._pointers = [p.data_ptr() for p in self._params()]
+
+    def is_current(self) -> bool:
+        """True while every parameter is still a view of the packed tensors."""
+        return [p.data_ptr() for p in self._params()] == self._pointers
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x `[..., K]` -> `[..., sum(sizes)]`: the layers' outputs side by side."""
+        if not self.is_current():
+            self._pack()
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+def _pack_rows(params: Sequence[torch.Tensor | None], sizes: list[int]) -> torch.Tensor:
+    """The parameters concatenated along dim 0; each parameter becomes a view of its rows."""
+    present = [p for p in params if p is not None]
+    packed = torch.cat([p.detach() for p in present])
+    for param, part in zip(present, packed.split(sizes), strict=True):
+        param.data = part
+    return packed
