@@ -248,3 +248,6 @@ def test_pdl_is_off_on_cpu_and_when_the_environment_says_so(monkeypatch):
     assert not pdl_enabled(torch.device("cpu"))
     monkeypatch.setenv("UNIFIED_ATTN_PDL", "0")
     assert not pdl_enabled(torch.device("cuda", 0))  # decided before asking the device
+    monkeypatch.setenv("UNIFIED_ATTN_PDL", "off")
+    with pytest.raises(ValueError, match="UNIFIED_ATTN_PDL='off': expected 0 or 1"):
+        pdl_enabled(torch.device("cpu"))

@@ -29,9 +29,13 @@ def _capable(index: int) -> bool:
 
 def pdl_enabled(device: torch.device) -> bool:
     """True when kernels on `device` launch with PDL: a CUDA device of compute capability 9.0
-    or later, not Triton's CPU interpreter, and `UNIFIED_ATTN_PDL` is not "0"."""
+    or later, not Triton's CPU interpreter, and `UNIFIED_ATTN_PDL` is not "0" ("1" or unset;
+    any other value is refused)."""
+    setting = os.environ.get("UNIFIED_ATTN_PDL", "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"UNIFIED_ATTN_PDL={setting!r}: expected 0 or 1 (or unset: 1)")
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
-    if os.environ.get("UNIFIED_ATTN_PDL", "1") == "0":
+    if setting == "0":
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
