@@ -185,3 +185,10 @@ def test_fused_layers_are_opt_in_through_the_environment(monkeypatch):
     monkeypatch.setenv("UNIFIED_ATTN_FUSED_LAYERS", "yes")
     with pytest.raises(ValueError, match="UNIFIED_ATTN_FUSED_LAYERS='yes': expected 0 or 1"):
         fused_by_default()
+
+
+def test_a_bad_fused_layers_setting_is_refused_on_every_device(monkeypatch):
+    monkeypatch.setenv("UNIFIED_ATTN_FUSED_LAYERS", "yes")
+    config = get_preset("tiny-llama")
+    with pytest.raises(ValueError, match="UNIFIED_ATTN_FUSED_LAYERS='yes'"):
+        DecoderModel(config, ReferenceAttentionBackend, device="cpu")

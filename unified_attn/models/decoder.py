@@ -107,7 +107,7 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
         self.batch_invariant = False
         if options.get("batch_invariant", False):
             make_batch_invariant(self)
-        elif torch.device(device).type == "cuda" and fused_by_default():
+        elif fused_by_default() and torch.device(device).type == "cuda":  # checked everywhere
             self.use_fused_layers()
 
     def use_fused_layers(self, enabled: bool = True) -> None:
