@@ -25,16 +25,19 @@ def print_config(console: Console, config: dict[str, Any]) -> None:
         f"TFLOP/s, CUDA graphs {'on' if config['cuda_graphs'] else 'off'}"
     )
     console.print(_decode_table(name, config["decode"]))
+    if config.get("decode_plain_steps"):
+        console.print(_decode_table(f"{name}, plain steps", config["decode_plain_steps"]))
     console.print(_prefill_table(name, config["prefill"]))
 
 
 def _decode_table(name: str, rows: list[dict[str, Any]]) -> Any:
     out = table(f"decode, {name}",
-                ["batch", "context", "wall ms", "device ms", "host ms", "tokens/s",
+                ["batch", "overlap", "context", "wall ms", "device ms", "host ms", "tokens/s",
                  "roofline ms", "bound", "of roofline (wall)", "(device)", "vs TP=1"])  # fmt: skip
     for r in rows:
         out.add_row(
-            str(r["batch"]), f"{r['mean_context']:.0f}", f"{r['wall_step_ms']:.3f}",
+            str(r["batch"]), "on" if r.get("overlap") else "off", f"{r['mean_context']:.0f}",
+            f"{r['wall_step_ms']:.3f}",
             _num(r["device_step_ms"], ".3f"), _num(r["host_overhead_ms"], ".3f"),
             f"{r['tokens_per_s']:,.0f}", f"{r['roofline_ms']:.3f}", r["roofline_bound"],
             f"{r['roofline_fraction']:.1%}", _num(r["device_roofline_fraction"], ".1%"),

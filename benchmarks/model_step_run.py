@@ -4,8 +4,9 @@ steps at every length.
 
 Decode at batch B: B requests of `prompt_len` random tokens (EOS ignored) are added and stepped
 until every one has its first token, then `warmup` steps, then `steps` timed steps. The wall
-step is the engine's own step time (`engine.stats`, around schedule + execute + update) over
-the timed steps; the device step is the decode graph of B replayed alone
+step is the time of the timed `engine.step()` calls (the device drained after them) over the
+steps, with the engine's async scheduling (overlapped steps, on for CUDA) and again with plain
+steps (`decode_plain_steps`); the device step is the decode graph of B replayed alone
 (`model_step_device.device_step_ms`) right after, on the last step's inputs. Prefill at T
 tokens: one request of T random tokens, one step (CUDA events around `engine.step()`), after
 one untimed step of the same length (Triton compiles and tunes for the shape).
@@ -133,7 +134,19 @@ class DecodeBatch:
         drain(self.engine)
 
 
-def decode_case(engine: LLMEngine, settings: Settings, batch: int) -> dict[str, Any]:
+def decode_case(
+    engine: LLMEngine, settings: Settings, batch: int, overlap: bool | None = None
+) -> dict[str, Any]:
+    """One decode batch: the wall step is the time of `settings.steps` back-to-back
+    `engine.step()` calls, the device drained after the last (with overlapped steps the last
+    call launched one more step, so this over-counts by at most that step's remainder), over
+    the steps; `engine_step_ms` is the engine's own per-step figure (`engine.stats`). `overlap`
+    sets the engine's async scheduling for the case (None: the engine's setting)."""
+    loop = engine._loop  # the engine's step loop: finish its step in flight, then switch
+    loop.finish_pending()
+    default = loop.enabled
+    if overlap is not None:
+        loop.enabled = overlap
     requests = DecodeBatch(engine, settings, batch)
     try:
         requests.start()
@@ -142,16 +155,28 @@ def decode_case(engine: LLMEngine, settings: Settings, batch: int) -> dict[str, 
         context = requests.mean_context() + (settings.steps - 1) / 2
         stats = engine.stats
         before = (stats.steps, stats.step_time_s, stats.decode_tokens, stats.prefill_tokens)
+        start = time.perf_counter()
         for _ in range(settings.steps):
             requests.step()
-        steps, wall_s = stats.steps - before[0], stats.step_time_s - before[1]
+        synchronize(engine)
+        wall_s = time.perf_counter() - start
+        steps, engine_s = stats.steps - before[0], stats.step_time_s - before[1]
         pure = (stats.decode_tokens - before[2], stats.prefill_tokens - before[3]) == (
             batch * steps, 0)  # fmt: skip
         device_ms = device_step_ms(engine, batch, settings.replays)
     finally:
         requests.stop()
+        loop.finish_pending()
+        loop.enabled = default
     return {"batch": batch, "steps": steps, "pure_decode": pure, "mean_context": context,
-            "wall_step_ms": 1e3 * wall_s / steps, "device_step_ms": device_ms}  # fmt: skip
+            "overlap": loop.enabled if overlap is None else overlap,
+            "wall_step_ms": 1e3 * wall_s / steps, "engine_step_ms": 1e3 * engine_s / steps,
+            "device_step_ms": device_ms}  # fmt: skip
+
+
+def synchronize(engine: LLMEngine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
 
 
 def prefill_case(engine: LLMEngine, settings: Settings, tokens: int) -> dict[str, Any]:
@@ -211,11 +236,13 @@ def measure(settings: Settings, model: str, tp: int) -> dict[str, Any]:
         weights = rank_weights(engine.model, config)
         attn = attention_shape(engine.kv_cache_report, config, tp)
         decode = [decode_case(engine, settings, b) for b in settings.batches]
+        # the same batches with plain steps (host work not overlapped), for comparison
+        plain = [decode_case(engine, settings, b, overlap=False) for b in settings.batches]
         prefill = [prefill_case(engine, settings, t) for t in settings.prefill]
         graphs = engine.runner.graphs is not None
     finally:
         engine.shutdown()
-    for row in decode:
+    for row in decode + plain:
         add_decode_roofline(row, weights, attn, ceilings)
     for row in prefill:
         add_prefill_rate(row, weights, attn, ceilings)
@@ -224,5 +251,6 @@ def measure(settings: Settings, model: str, tp: int) -> dict[str, Any]:
         "cuda_graphs": graphs, "shape": shape_summary(config), "build_s": build_s,
         "ceilings": attrs.asdict(ceilings),
         "rank_weights": {**attrs.asdict(weights), "bytes": weights.bytes},
-        "attention": attrs.asdict(attn), "decode": decode, "prefill": prefill,
+        "attention": attrs.asdict(attn), "decode": decode, "decode_plain_steps": plain,
+        "prefill": prefill,
     }  # fmt: skip

@@ -1,9 +1,10 @@
 """Set up vLLM's Triton kernels as same-run peers: the Mamba-2 ops for
 `benchmarks/ssm_kernels.py`, the fla (flash-linear-attention) gated delta rule ops for
-`benchmarks/gated_delta_kernels.py`.
+`benchmarks/gated_delta_kernels.py`, the paged attention op for `benchmarks/decode_fixed_cost.py`.
 
     python benchmarks/vllm_peers.py SOURCE [--dest benchmarks/peers/vllm_mamba]
                                            [--fla-dest benchmarks/peers/vllm_fla]
+                                           [--attn-dest benchmarks/peers/vllm_attn]
 
 SOURCE is a vLLM wheel (`pip download vllm==0.33.0 --no-deps -d DIR`) or a directory holding
 its extracted `vllm/` package. The script copies `model_executor/layers/mamba/ops/`'s
@@ -11,10 +12,14 @@ its extracted `vllm/` package. The script copies `model_executor/layers/mamba/op
 `causal_conv1d.py` and `triton_helpers.py` (plus the tuned `configs/selective_state_update`
 JSON files when the source has them) into DEST, and `third_party/flash_linear_attention/ops/`'s
 modules that `chunk_gated_delta_rule` and the recurrent decode kernels need (`FLA_MODULES`)
-into FLA_DEST (skipped, with a note, when the source has no fla ops). Both folders are git
+into FLA_DEST, and `v1/attention/ops/`'s `triton_unified_attention.py` (vLLM's Triton paged
+attention, `unified_attention`) with `triton_attention_helpers.py` into ATTN_DEST (each of the
+two skipped, with a note, when the source lacks them; the INT4 KV-cache path's lazy import of
+`int4_per_token_head` is left dangling: the benchmarks run bf16 caches). The folders are git
 ignored. Their `vllm.*` imports are rewritten: the ops' own modules become relative imports,
 everything else comes from a small `_shims.py` written beside them (triton, the CUDA platform
-queries the kernels ask, NULL_BLOCK_ID = 0, PAD_SLOT_ID = -1, a logger, no-op sync guards).
+queries the kernels ask, fp8 = e4m3fn, NULL_BLOCK_ID = 0, PAD_SLOT_ID = -1, `envs` with
+VLLM_BATCH_INVARIANT off, `KVQuantMode`, a logger, no-op sync guards).
 Nothing of vLLM is committed; the GPU machine has no internet, so the folders travel with the
 run (`carry`).
 """
@@ -42,6 +47,9 @@ FLA_MODULES = (
     "op", "solve_tril", "utils", "wy_fast", "fused_recurrent",
 )  # fmt: skip
 DEFAULT_FLA_DEST = Path(__file__).resolve().parent / "peers" / "vllm_fla"
+ATTN_OPS = "vllm/v1/attention/ops"
+ATTN_MODULES = ("triton_unified_attention", "triton_attention_helpers")
+DEFAULT_ATTN_DEST = Path(__file__).resolve().parent / "peers" / "vllm_attn"
 
 
 @dataclass(frozen=True)
@@ -56,11 +64,13 @@ class PeerSet:
 
 MAMBA = PeerSet("Mamba-2", OPS, MODULES, CONFIGS)
 FLA = PeerSet("fla gated delta rule", FLA_OPS, FLA_MODULES)
+ATTN = PeerSet("paged attention", ATTN_OPS, ATTN_MODULES)
 
-SHIMS = '''"""What vLLM's Mamba-2 and fla ops import from the rest of vLLM, for a CUDA machine
-(written by benchmarks/vllm_peers.py)."""
+SHIMS = '''"""What vLLM's Mamba-2, fla and paged attention ops import from the rest of vLLM, for
+a CUDA machine (written by benchmarks/vllm_peers.py)."""
 
 import contextlib
+import enum
 import logging
 
 import torch
@@ -97,12 +107,27 @@ class _Platform:
     def get_device_name(self, device_id=0):
         return torch.cuda.get_device_name(device_id)
 
+    def fp8_dtype(self):
+        return torch.float8_e4m3fn
+
 
 current_platform = _Platform()
 
 
 class envs:
     VLLM_TUNED_CONFIG_FOLDER = None
+    VLLM_BATCH_INVARIANT = False
+    VLLM_TRITON_USE_TD = None
+
+
+class KVQuantMode(enum.IntEnum):
+    """The KV-cache quantization modes vLLM's paged attention op dispatches on."""
+
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+    INT4_PER_TOKEN_HEAD = 4
 
 
 class _custom_ops:
@@ -128,6 +153,9 @@ def get_device_name_as_file_name(device_id=0):
 
 
 class _Logger(logging.LoggerAdapter):
+    def debug_once(self, msg, *args, **kwargs):
+        self.debug(msg, *args)
+
     def info_once(self, msg, *args, **kwargs):
         self.info(msg, *args)
 
@@ -212,14 +240,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--dest", type=Path, default=DEFAULT_DEST, help="the Mamba-2 peers' folder")
     ap.add_argument("--fla-dest", type=Path, default=DEFAULT_FLA_DEST,
                     help="the fla gated delta rule peers' folder")  # fmt: skip
+    ap.add_argument("--attn-dest", type=Path, default=DEFAULT_ATTN_DEST,
+                    help="the paged attention peers' folder")  # fmt: skip
     args = ap.parse_args(argv)
     files = install(args.source, args.dest)
     configs = sum(name.endswith(".json") for name in files)
     print(f"{args.dest}: {len(files) - configs} modules, {configs} tuned configs")
-    if not read_sources(args.source, FLA):
+    if read_sources(args.source, FLA):
+        print(f"{args.fla_dest}: {len(install(args.source, args.fla_dest, FLA))} modules")
+    else:
         print(f"{args.source}: no {FLA_OPS}; {args.fla_dest} not written")
-        return
-    print(f"{args.fla_dest}: {len(install(args.source, args.fla_dest, FLA))} modules")
+    missing = sorted(set(ATTN_MODULES) - {Path(n).stem for n in read_sources(args.source, ATTN)})
+    if missing:  # an older vLLM: its attention ops have other names
+        print(f"{args.source}: no {ATTN_OPS}/{{{','.join(missing)}}}.py; {args.attn_dest} not "
+              "written")  # fmt: skip
+    else:
+        print(f"{args.attn_dest}: {len(install(args.source, args.attn_dest, ATTN))} modules")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ class Request:
         self.num_computed_tokens = 0
         # Tokens scheduled by a step whose outputs have not been processed yet (async steps).
         self.num_in_flight_tokens = 0
+        # Overlapped steps (`engine/step_loop.py`): tokens sampled by launched steps whose ids
+        # have not reached the host yet; the scheduler counts them as known tokens and the
+        # runner feeds them to the next step from the device.
+        self.num_output_placeholders = 0
         self.num_preemptions = 0
         # What ended it besides a length cap or EOS: a stop token id (set by the scheduler) or a
         # stop string (set by the engine, which reads the text).

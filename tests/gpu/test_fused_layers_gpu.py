@@ -25,7 +25,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.fixture(autouse=True)
 def fused_layers_on(monkeypatch):
-    """Models built on CUDA run the fused layers (opt-in: `models/fused.fused_by_default`)."""
+    """Models built on CUDA run the fused layers (the default; set here so that an environment
+    that turns them off does not skip these checks)."""
     monkeypatch.setenv("UNIFIED_ATTN_FUSED_LAYERS", "1")
 
 
@@ -111,5 +112,15 @@ def test_a_cuda_decoder_runs_fused_and_stays_close_to_its_torch_path(preset):
     fused = prefill_logits(model, prompts, block_size=16)
     model.use_fused_layers(False)
     plain = prefill_logits(model, prompts, block_size=16)
-    for a, b in zip(fused, plain, strict=True):
-        assert (a - b).abs().max() < 0.1  # bf16 rounding of a 4-layer model's logits
+    # the same weights in float32, torch layers: both bf16 paths are measured against it (a
+    # router's near tie may flip an expert in either path, so the error is compared on average)
+    ref_model = DecoderModel(get_preset(preset), TritonAttentionBackend, dtype=torch.float32,
+                             device="cuda")  # fmt: skip
+    ref_model.use_fused_layers(False)
+    weights = dict(model.named_parameters())
+    for name, param in ref_model.named_parameters():
+        param.data.copy_(weights[name].float())
+    ref = prefill_logits(ref_model, prompts, block_size=16)
+    for a, b, r in zip(fused, plain, ref, strict=True):
+        fused_err, plain_err = (a - r).abs().mean(), (b - r).abs().mean()
+        assert fused_err <= 1.5 * plain_err + 1e-3, (preset, fused_err, plain_err)

@@ -175,10 +175,12 @@ def test_the_engine_on_fused_layers_gives_transformers_logits(family, tmp_path, 
         torch.testing.assert_close(torch.stack(list(out.logits)), want, rtol=1e-4, atol=1e-4)
 
 
-def test_fused_layers_are_opt_in_through_the_environment(monkeypatch):
+def test_fused_layers_are_on_unless_the_environment_turns_them_off(monkeypatch):
     from unified_attn.models.fused import fused_by_default
 
     monkeypatch.delenv("UNIFIED_ATTN_FUSED_LAYERS", raising=False)
+    assert fused_by_default()
+    monkeypatch.setenv("UNIFIED_ATTN_FUSED_LAYERS", "0")
     assert not fused_by_default()
     monkeypatch.setenv("UNIFIED_ATTN_FUSED_LAYERS", "1")
     assert fused_by_default()

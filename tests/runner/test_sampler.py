@@ -64,10 +64,11 @@ def test_a_sampled_request_applies_penalties_before_temperature():
     r = request(output=[4, 2], **params)
     got = sample([r]).tokens[0]
     # by hand: prompt {0, 3}, output {2, 4}; then / 0.7, softmax, one draw from a fresh seed 3
+    # (the exponential race: the argmax of the probabilities over Exp(1) noise)
     penalized = torch.tensor([2.0 / 1.8, -1.0, 0.5 / 1.8 - 0.5, -0.5 * 1.8, 1.0 / 1.8 - 0.5, 3.0])
     probs = torch.softmax(penalized / 0.7, dim=-1)
-    generator = torch.Generator().manual_seed(3)
-    assert got == int(torch.multinomial(probs, 1, generator=generator).item())
+    noise = torch.empty(6).exponential_(generator=torch.Generator().manual_seed(3))
+    assert got == int((probs / noise).argmax())
 
 
 def test_the_prompt_mask_is_built_once_per_request_and_dropped_with_it():

@@ -127,6 +127,9 @@ VARIANTS = {
     ),
     "window-aware": dict(options=dict(kv_cache_eviction="window_aware"), engine={}),
     "fp8": dict(options=dict(kv_cache_dtype="fp8"), engine={}),
+    # overlapped steps: scheduled before the previous step's tokens reach the host, and plain
+    # steps whenever a request needs its outputs on the host (penalties, logprobs, ...)
+    "async": dict(options=dict(async_scheduling=True), engine={}),
 }
 ALL_PRESETS = sorted([*PRESETS, *MLA_PRESETS, *V4_PRESETS])
 
@@ -418,8 +421,9 @@ def check_invariants(engine: LLMEngine) -> None:
     assert all(r.status == RequestStatus.RUNNING for r in running)
     assert all(r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) for r in waiting)
     owners: Counter[int] = Counter()
-    for request in running:
-        assert 0 < request.num_computed_tokens <= request.num_tokens
+    for request in running:  # with a step in flight its sampled tokens count as known
+        known = request.num_tokens + request.num_output_placeholders
+        assert 0 < request.num_computed_tokens <= known
         blocks = kv.get_blocks(request).blocks
         owners.update(b.block_id for group in blocks for b in group if not b.is_null)
         check_block_table(engine, request.request_id, blocks)
@@ -512,6 +516,7 @@ VARIANT_PRESETS = {
     "self-draft-tight": ["tiny-llama"],
     "window-aware": ["deepseek-v4-like", "gemma2-like", "mistral-like", "streaming-llm"],
     "fp8": ["deepseek-v3-like", "gpt-oss-like", "mistral-like", "tiny-llama"],
+    "async": ["deepseek-v4-like", "gemma2-like", "hybrid-linear", "tiny-llama"],
 }
 
 

@@ -86,6 +86,10 @@ class CommonAttentionMetadata:
     # holding its state (the last token kept by its previous step). None: no drafts.
     num_drafts_cpu: torch.Tensor | None = None  # host [B] int32
     state_columns_cpu: torch.Tensor | None = None  # host [B] int32
+    # The step's block tables on the host (group id -> [B, width] int32), for backends that
+    # plan on the host: reading the device ones would make the host wait for the device.
+    # None where the runner has none (graph steps, callers that build metadata by hand).
+    block_tables_cpu: dict[int, torch.Tensor] | None = None
 
     @property
     def query_lens_cpu(self) -> torch.Tensor:

@@ -115,8 +115,9 @@ class StateBackend(AttentionBackend[PlanT]):
     ) -> dict[int, list[StateRow]]:
         """Per group, where each request of the step reads and writes its state."""
         mode = self.manager_config.mamba_cache_mode
+        tables = common.block_tables_cpu or block_tables  # the host copy: no wait for the device
         return {
-            gid: state_rows(common, block_tables[gid], common.block_sizes[gid], mode)
+            gid: state_rows(common, tables[gid], common.block_sizes[gid], mode)
             for gid in set(self.group_of_layer.values())
         }
 

@@ -50,6 +50,9 @@ class EngineConfig:
     kv_cache_dtype: str = attrs.field(default="auto")
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
+    # schedule and prepare each step while the device runs the previous one (vLLM's async
+    # scheduling; engine/step_loop.py says when steps may overlap); None: on for CUDA devices
+    async_scheduling: bool | None = None
     # ranks of tensor parallelism: one process each (docs/distributed.md)
     tensor_parallel_size: int = attrs.field(default=1)
     # Speculative decoding: "ngram" (prompt lookup) proposes up to `num_speculative_tokens`

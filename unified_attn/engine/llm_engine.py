@@ -5,7 +5,6 @@ queued requests to their outputs."""
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,6 +46,7 @@ from unified_attn.engine.request_intake import (
     request_id_list,
 )
 from unified_attn.engine.request_tracker import RequestTracker
+from unified_attn.engine.step_loop import StepLoop, overlap_steps
 from unified_attn.managers import KVCacheManager, StateManager
 from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
@@ -58,7 +58,7 @@ from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import RequestOutputKind, SamplingParams
-from unified_attn.spec_decode.proposers import build_drafter, propose_drafts
+from unified_attn.spec_decode.proposers import build_drafter
 
 
 class LLMEngine(KVCacheAccess):
@@ -141,6 +141,8 @@ class LLMEngine(KVCacheAccess):
         # decode steps verifying k drafts per request replay graphs too
         self.runner = make_rank_runner(config, source, self.worker, (1, 1 + k) if k else (1,))
         self.stats = EngineStats()
+        # host work of one step overlapped with the device's previous one (engine/step_loop.py)
+        self._loop = StepLoop(self, overlap_steps(config, self.device))
         self._ids = RequestIds()
         # the queued requests, their progress and their outputs not handed out yet
         self._requests = RequestTracker(self.scheduler, lambda: self.tokenizer)
@@ -363,22 +365,7 @@ class LLMEngine(KVCacheAccess):
             raise RuntimeError(
                 "this tensor-parallel engine was shut down (or a rank failed); build a new one"
             )
-        start = time.perf_counter()
-        output = self.scheduler.schedule()
-        result = self._execute(output)
-        before = {e.request.request_id: e.request.num_output_tokens for e in output.scheduled}
-        finished = self.scheduler.update_from_output(output, result.sampled)
-        appended = {
-            e.request.request_id: e.request.num_output_tokens - before[e.request.request_id]
-            for e in output.scheduled
-        }
-        self.stats.record_step(output, result, appended, time.perf_counter() - start)
-        self._requests.keep_logits(output, result, appended)
-        if self.drafter is not None:
-            propose_drafts(self.drafter, output, self.max_model_len)
-        finished_ids = {r.request_id for r in finished}
-        self._requests.advance(output, result, finished_ids)
-        self._publish_kv_events()
+        self._loop.step()
 
     def _execute(self, output: SchedulerOutput) -> StepResult:
         """Run the step on this process's runner; with tensor parallelism, on every rank."""
@@ -395,6 +382,7 @@ class LLMEngine(KVCacheAccess):
     def shutdown(self) -> None:
         """Stop the other tensor-parallel ranks and leave their process group (nothing to do
         on one device). The engine cannot step afterwards."""
+        self._loop.finish_pending()
         if self._tp is not None:
             self.runner.graphs = None  # graphs hold the group's captured collectives
             self._tp.shutdown()

@@ -91,8 +91,8 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
     `backend_options={"batch_invariant": True}` builds the backends in batch-invariant mode and
     swaps the model's matmuls, norms and router for their batch-invariant forms
     (`models/invariant`), the LM head included: a row's logits then never depend on the
-    batch. Otherwise a model built on CUDA runs the fused layers (`use_fused_layers`) when
-    `UNIFIED_ATTN_FUSED_LAYERS=1` (`models/fused.py`)."""
+    batch. Otherwise a model built on CUDA runs the fused layers (`use_fused_layers`) unless
+    `UNIFIED_ATTN_FUSED_LAYERS=0` (`models/fused.py`)."""
 
     model: _Backbone
     batch_invariant: bool
@@ -113,8 +113,8 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
     def use_fused_layers(self, enabled: bool = True) -> None:
         """Norms (with their residual adds), gated activations and RoPE as the Triton kernels
         of `kernels/layers`, separate q/k/v and gate/up projections as one GEMM each
-        (`models/fused.py`), or (`enabled=False`) the torch code. On CUDA by default with
-        `UNIFIED_ATTN_FUSED_LAYERS=1`; elsewhere only under Triton's interpreter (tests).
+        (`models/fused.py`), or (`enabled=False`) the torch code. On CUDA by default (off with
+        `UNIFIED_ATTN_FUSED_LAYERS=0`); elsewhere only under Triton's interpreter (tests).
         Batch-invariant mode keeps the torch code, whose invariant forms it swapped in."""
         if enabled and self.batch_invariant:
             raise ValueError(

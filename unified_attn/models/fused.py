@@ -30,9 +30,9 @@ FUSED_VARIABLE = "UNIFIED_ATTN_FUSED_LAYERS"
 
 
 def fused_by_default() -> bool:
-    """Whether a model built on CUDA runs the fused layers: `UNIFIED_ATTN_FUSED_LAYERS` is "1"
-    (off otherwise, for now); any value but "0" and "1" is refused."""
-    value = os.environ.get(FUSED_VARIABLE, "0")
+    """Whether a model built on CUDA runs the fused layers: yes unless `UNIFIED_ATTN_FUSED_LAYERS`
+    is "0" (the torch layers); any value but "0" and "1" is refused."""
+    value = os.environ.get(FUSED_VARIABLE, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{FUSED_VARIABLE}={value!r}: expected 0 or 1")
     return value == "1"

@@ -10,8 +10,15 @@ import attrs
 import numpy as np
 import torch
 
-from unified_attn.backend import AttentionBackend, AttentionType, CommonAttentionMetadata
+from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
+from unified_attn.runner.overlap import DeviceTokens, PendingStep, host_copy, pinned_to
+from unified_attn.runner.runner_groups import (
+    backend_group_ids,
+    cross_group_ids,
+    encoder_limits,
+    no_cache_backends,
+)
 from unified_attn.runner.sampler import Sampler, TokenLogprobs, token_logprobs
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.step_inputs import (
@@ -59,6 +66,7 @@ class ModelRunner:
         invariant = getattr(model, "batch_invariant", False)
         self.sampler = Sampler(self.device, seed, eos_token_ids, batch_invariant=invariant)
         self.graphs: DecodeGraphs | None = None
+        self.device_tokens = DeviceTokens(torch.zeros(0, dtype=torch.int64), {})
         graphs_supported = (
             bool(self.backend_groups)
             and not self.cross_gids
@@ -84,11 +92,7 @@ class ModelRunner:
         for through `SamplingParams.logprobs`, `prompt_logits` and `return_logits`. With
         `sample=False` (tensor-parallel ranks other than 0, whose tokens are not used) the
         forward runs, with its collectives, and nothing is sampled."""
-        preempted = {r.request_id for r in output.preempted}
-        for request_id in output.finished_ids:
-            self.block_tables.drop(request_id)
-            if request_id not in preempted:  # a preempted request resumes its random stream
-                self.sampler.drop(request_id)
+        self._drop_finished(output)
         result = StepResult()
         if not output.scheduled:
             return result
@@ -97,6 +101,36 @@ class ModelRunner:
         if logits is not None and sample:
             self._sample(output, logits, result)
         return result
+
+    def launch(self, output: SchedulerOutput) -> PendingStep:
+        """Run a step without waiting for it: the forward and the sampling are queued on the
+        device, the sampled ids stay there for the next step's inputs (`DeviceTokens`) and start
+        their way to the host (`PendingStep.result()` waits for them). For steps whose requests
+        only sample (no log-probabilities, logits, penalties or drafts: `step_loop.overlappable`),
+        whose tokens are the same as `execute`'s."""
+        self._drop_finished(output)
+        pending = PendingStep(output)
+        if not output.scheduled:
+            return pending
+        inputs = self.prepare_inputs(output)
+        logits = self._logits(output, inputs, StepResult())
+        if logits is None:
+            return pending
+        requests = [s.request for s in output.scheduled if s.will_sample]
+        if len(requests) != len(logits):
+            raise ValueError("launch: a step with draft tokens cannot overlap; use execute")
+        ids = self.sampler.sample_ids(logits, requests)
+        pending.request_ids = rids = [r.request_id for r in requests]
+        self.device_tokens = DeviceTokens(ids, {rid: j for j, rid in enumerate(rids)})
+        pending.host_ids, pending.event = host_copy(ids)
+        return pending
+
+    def _drop_finished(self, output: SchedulerOutput) -> None:
+        preempted = {r.request_id for r in output.preempted}
+        for request_id in output.finished_ids:
+            self.block_tables.drop(request_id)
+            if request_id not in preempted:  # a preempted request resumes its random stream
+                self.sampler.drop(request_id)
 
     def greedy_tokens(
         self, output: SchedulerOutput, input_ids: torch.Tensor | None = None
@@ -135,7 +169,7 @@ class ModelRunner:
             self._collect_prompt_logits(output, common, hidden, result)
             if not inputs.sample_rows:
                 return None
-            rows = torch.tensor(inputs.sample_rows, device=self.device)
+            rows = pinned_to(torch.tensor(inputs.sample_rows), self.device)
             return self.model.compute_logits(hidden[rows])
 
     def _sample(self, output: SchedulerOutput, logits: torch.Tensor, result: StepResult) -> None:
@@ -241,14 +275,15 @@ class ModelRunner:
         positions = np.array(layout.positions, dtype=np.int64)
         token_rows = np.array(layout.token_rows, dtype=np.int64)
         rows = np.array(layout.rows, dtype=np.int64)
-        tables, slot_mappings = {}, {}
+        tables, slot_mappings, host_tables = {}, {}, {}
         split = {bs: (positions // bs, positions % bs) for bs in set(self.block_sizes)}
         for gid, bs in enumerate(self.block_sizes):
             table = self.block_tables.tables_np[gid]
             block_index, block_offset = split[bs]
             slots = table[token_rows, block_index].astype(np.int64) * bs + block_offset
-            slot_mappings[gid] = torch.from_numpy(slots).to(dev)
-            tables[gid] = torch.from_numpy(table[rows]).to(dev)
+            slot_mappings[gid] = pinned_to(torch.from_numpy(slots), dev)
+            host_tables[gid] = torch.from_numpy(table[rows])
+            tables[gid] = pinned_to(host_tables[gid], dev)
         encoder = None
         encoder_lens = None
         if self.cross_gids:
@@ -257,12 +292,12 @@ class ModelRunner:
         seq_lens = torch.tensor(layout.seq_lens, dtype=torch.int32)
         drafts, columns = _speculation(output)
         common = CommonAttentionMetadata(
-            query_start_loc=qsl.to(dev),
+            query_start_loc=pinned_to(qsl, dev),
             query_start_loc_cpu=qsl,
-            seq_lens=seq_lens.to(dev),
+            seq_lens=pinned_to(seq_lens, dev),
             seq_lens_cpu=seq_lens,
             num_computed_tokens_cpu=torch.tensor(layout.computed, dtype=torch.int32),
-            positions=torch.from_numpy(positions).to(dev),
+            positions=pinned_to(torch.from_numpy(positions), dev),
             num_reqs=len(layout.rows),
             num_actual_tokens=len(layout.positions),
             max_query_len=max(e.num_new_tokens for e in output.scheduled),
@@ -273,8 +308,13 @@ class ModelRunner:
             encoder_seq_lens=None if encoder_lens is None else encoder_lens.to(dev),
             num_drafts_cpu=drafts,
             state_columns_cpu=columns,
+            block_tables_cpu=host_tables,
         )
-        input_ids = torch.tensor(layout.input_ids, dtype=torch.int64, device=dev)
+        input_ids = pinned_to(torch.tensor(layout.input_ids, dtype=torch.int64), dev)
+        if layout.placeholders:  # tokens the previous (overlapped) step sampled on the device
+            at = pinned_to(torch.tensor([i for i, _ in layout.placeholders]), dev)
+            ids = self.device_tokens.gather([rid for _, rid in layout.placeholders])
+            input_ids.index_copy_(0, at, ids)
         return StepInputs(common, tables, input_ids, layout.sample_rows, encoder)
 
     def _encoder_inputs(
@@ -317,7 +357,11 @@ class ModelRunner:
             layout.rows.append(row)
             if num_new == 1:
                 layout.token_rows.append(row)
-                layout.input_ids.append(request.all_token_ids[start])
+                if start < request.num_tokens:
+                    layout.input_ids.append(request.all_token_ids[start])
+                else:  # sampled by the step in flight: its id is still on the device
+                    layout.placeholders.append((len(layout.input_ids), request.request_id))
+                    layout.input_ids.append(0)
                 layout.positions.append(start)
             else:
                 drafts = entry.spec_token_ids
@@ -332,51 +376,6 @@ class ModelRunner:
                 last = layout.query_start[-1] - 1 - len(entry.spec_token_ids)
                 layout.sample_rows.extend(range(last, layout.query_start[-1]))
         return layout
-
-
-def cross_group_ids(plan: KVCachePlan) -> list[int]:
-    """KV-cache groups of cross-attention layers (they hold encoder keys and values)."""
-    return [
-        gid
-        for gid, group in enumerate(plan.groups)
-        if any(lp.layer.attn_type == AttentionType.ENCODER_DECODER for lp in group.layers)
-    ]
-
-
-def encoder_limits(plan: KVCachePlan) -> list[int]:
-    """The longest encoder input of each cross-attention backend of the plan."""
-    return [
-        lp.backend.max_encoder_len
-        for group in plan.groups
-        for lp in group.layers
-        if lp.backend.max_encoder_len is not None
-    ]
-
-
-def no_cache_backends(model: Any) -> list[AttentionBackend]:
-    """Distinct backend instances of the model's encoder and encoder-only layers (none without
-    a model: runners that only lay batches out)."""
-    out: list[AttentionBackend] = []
-    for layer, backend in model.attention_layers() if model is not None else ():
-        no_cache = layer.attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY)
-        if no_cache and all(backend is not b for b in out):
-            out.append(backend)
-    return out
-
-
-def backend_group_ids(plan: KVCachePlan) -> list[tuple[AttentionBackend, list[int]]]:
-    """Distinct backend instances (first-seen order) and the KV-cache groups they serve."""
-    out: list[tuple[AttentionBackend, list[int]]] = []
-    for gid, group in enumerate(plan.groups):
-        for lp in group.layers:
-            for backend, gids in out:
-                if backend is lp.backend:
-                    if gid not in gids:
-                        gids.append(gid)
-                    break
-            else:
-                out.append((lp.backend, [gid]))
-    return out
 
 
 def _speculation(output: SchedulerOutput) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -7,8 +7,14 @@
 3. `min_tokens`: until a request has that many output tokens, its EOS (unless `ignore_eos`) and
    `stop_token_ids` logits are -inf. Then `logit_bias` is added.
 4. Penalties: repetition (prompt and output tokens), then frequency and presence (output tokens).
-5. Greedy requests take the argmax; the others divide by the temperature, apply min-p, top-k
-   then top-p and draw, from their own generator when seeded.
+5. Greedy requests take the argmax. The others, all together (`sampling_ops`): divide by the
+   temperature, apply min-p, top-k, then top-p, and draw with the exponential race (the argmax
+   of the probabilities divided by Exp(1) noise); a seeded request's noise comes from its own
+   generator, so its tokens do not depend on the rest of the batch.
+
+Steps 2-4 work row by row on the rows that need them; step 5 works on the whole batch with no
+host synchronisation: the only transfer to the host is the tokens (and the log-probabilities of
+the rows that ask for them).
 """
 
 from __future__ import annotations
@@ -20,6 +26,13 @@ import torch
 
 from unified_attn.models.invariant import log_softmax
 from unified_attn.request import Request
+from unified_attn.runner.sampling_ops import (
+    SamplingTensors,
+    exponential_race,
+    filter_batch,
+    sample_batch,
+    to_device,
+)
 from unified_attn.sampling_params import SamplingParams
 
 
@@ -46,21 +59,9 @@ class SamplerOutput:
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then min-p, top-k, then top-p (nucleus) on one row `[V]` of float32
-    logits."""
-    logits = logits / params.temperature
-    if params.min_p > 0.0:
-        probs = torch.softmax(logits, dim=-1)
-        logits = logits.masked_fill(probs < probs.max() * params.min_p, float("-inf"))
-    if 0 < params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token once the mass before it already reaches top_p (the top token always stays)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
+    logits (`sampling_ops.filter_batch` on a batch of one)."""
+    tensors = SamplingTensors.build([params], logits.shape[-1], logits.device)
+    return filter_batch(logits[None], tensors)[0]
 
 
 def apply_penalties(
@@ -74,7 +75,7 @@ def apply_penalties(
     `repetition_penalty` if positive, multiplied by it if not; then every output occurrence
     subtracts `frequency_penalty` and every distinct output token `presence_penalty`."""
     counts = torch.bincount(
-        torch.tensor(list(output_token_ids), dtype=torch.int64, device=logits.device),
+        to_device(list(output_token_ids), torch.int64, logits.device),
         minlength=logits.shape[-1],
     ).to(logits.dtype)
     in_output = counts > 0
@@ -100,7 +101,8 @@ def ban_bad_words(
             banned.append(word[-1])
     if not banned:
         return logits
-    return logits.index_fill(0, torch.tensor(banned, device=logits.device), float("-inf"))
+    banned_ids = to_device(banned, torch.int64, logits.device)
+    return logits.index_fill(0, banned_ids, float("-inf"))
 
 
 def token_logprobs(
@@ -147,7 +149,7 @@ class Sampler:
     ) -> None:
         self.device = device
         # Batch-invariant mode: log-probabilities of each row on its own (the rest of sampling
-        # already works on one `[V]` row at a time).
+        # works along the vocabulary of one row at a time, or takes the argmax).
         self.log_softmax: Callable[[torch.Tensor], torch.Tensor] = (
             log_softmax if batch_invariant else _torch_log_softmax
         )
@@ -161,15 +163,33 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
         """One token per row of `logits [N, V]` (float32); row `i` belongs to `requests[i]`."""
-        processed = self._process(logits, requests)
-        tokens = processed.argmax(dim=-1).tolist()
-        for i, request in enumerate(requests):
-            params: SamplingParams = request.sampling_params
-            if not params.greedy:
-                probs = torch.softmax(filter_logits(processed[i], params), dim=-1)
-                generator = self._generator(request.request_id, params)
-                tokens[i] = int(torch.multinomial(probs, 1, generator=generator).item())
+        tokens: list[int] = self.sample_ids(logits, requests).tolist()  # the one transfer
         return SamplerOutput(tokens, self._logprobs(logits, tokens, requests))
+
+    def sample_ids(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        """`sample`'s tokens `[N]` int64, left on the device (no host synchronisation)."""
+        processed = self._process(logits, requests)
+        sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if not sampled:
+            chosen = processed.argmax(dim=-1)
+        elif len(sampled) == len(requests):
+            chosen = self._draw(processed, requests)
+        else:
+            rows = to_device(sampled, torch.int64, processed.device)
+            drawn = self._draw(processed.index_select(0, rows), [requests[i] for i in sampled])
+            chosen = processed.argmax(dim=-1).index_copy(0, rows, drawn)
+        return chosen
+
+    def _draw(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        """One token per row of `logits [S, V]` of sampled requests, on the device."""
+        params = [r.sampling_params for r in requests]
+        tensors = SamplingTensors.build(params, logits.shape[-1], logits.device)
+        generators = {
+            j: self._generator(r.request_id, p)
+            for j, (r, p) in enumerate(zip(requests, params, strict=True))
+            if p.seed is not None
+        }
+        return sample_batch(logits, tensors, generators, self.default_generator)
 
     def verify(
         self, logits: torch.Tensor, request: Request, drafts: Sequence[int]
@@ -224,7 +244,7 @@ class Sampler:
                 return draft
             probs = probs.clone()
             probs[draft] = 0.0
-        return int(torch.multinomial(probs, 1, generator=generator).item())
+        return int(exponential_race(probs[None], {0: generator}, None)[0])
 
     def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """`min_tokens` masks and penalties, on a copy, for the rows that have them."""
@@ -258,12 +278,12 @@ class Sampler:
         if request.bad_words_token_ids:
             row = ban_bad_words(row, request.bad_words_token_ids, request.output_token_ids)
         if request.num_output_tokens < params.min_tokens:
-            row = row.clone()
-            row[stop_token_ids(params, self.eos_token_ids)] = float("-inf")
+            held = to_device(stop_token_ids(params, self.eos_token_ids), torch.int64, row.device)
+            row = row.index_fill(0, held, float("-inf"))
         if params.logit_bias:
-            tokens = torch.tensor(list(params.logit_bias), device=row.device)
-            biases = torch.tensor(list(params.logit_bias.values()), device=row.device)
-            row = row.index_add(0, tokens, biases.to(row.dtype))
+            tokens = to_device(list(params.logit_bias), torch.int64, row.device)
+            biases = to_device(list(params.logit_bias.values()), row.dtype, row.device)
+            row = row.index_add(0, tokens, biases)
         if params.has_penalties:
             mask = self._prompt_mask(request, row) if params.repetition_penalty != 1.0 else None
             row = apply_penalties(row, mask, request.output_token_ids, params)

@@ -4,6 +4,15 @@ Each step first continues running requests (oldest first), preempting the most r
 running request when the KV pool is full, then admits waiting requests while the token budget,
 the sequence budget and the pool allow. A preempted request frees its blocks (its hashed blocks
 stay cached), restarts from zero computed tokens and goes to the front of the waiting queue.
+
+Overlapped steps (`engine/step_loop.py`): `schedule()` may run before the previous step's
+tokens reach the host. Such a step (`mark_in_flight`) adds one output placeholder to each request
+it samples (`Request.num_output_placeholders`), which the next schedule counts as a known token
+(its id comes from the device); `update_from_output` replaces it with the token. A request whose
+placeholders already reach `max_tokens` or `max_model_len` is not scheduled again; one that
+stops on a token the host has not seen yet (EOS, a stop token or string) was scheduled once more,
+and that step's token is dropped. A request preempted while a token is in flight keeps the token
+(it was computed before its blocks were freed) and is not readmitted until it has arrived.
 """
 
 from __future__ import annotations
@@ -140,6 +149,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if self._reaches_its_end(request):
+                i += 1  # its in-flight token finishes it: nothing more to compute
+                continue
             num_new = self._num_new(request, request.num_computed_tokens, budget)
             drafts = self._drafts(request, num_new, budget)
             new_blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts))
@@ -166,6 +178,8 @@ class Scheduler:
     def _admit_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                break  # preempted with a token in flight: readmit it once the token is known
             hits, num_hit = self.kv.get_computed_blocks(request)
             num_new = self._num_new(request, num_hit, budget)
             if self.kv.allocate_slots(request, num_new, num_hit, hits) is None:
@@ -185,7 +199,7 @@ class Scheduler:
         """Tokens to schedule. With state groups, a chunk that crosses a checkpoint boundary
         stops on the last one it crosses (a prompt's final chunk too), so a later request with
         the same prefix finds a cached state there."""
-        end = computed + min(request.num_tokens - computed, budget)
+        end = computed + min(_num_known(request) - computed, budget)
         align = self.checkpoint_alignment
         if align and computed < end // align * align < end:
             end = end // align * align
@@ -196,7 +210,7 @@ class Scheduler:
         token is its last), as many as the token budget and `max_model_len` leave room for.
         Taken from the request: a draft is verified once."""
         drafts, request.spec_token_ids = request.spec_token_ids, []
-        if not drafts or request.num_computed_tokens + num_new != request.num_tokens:
+        if not drafts or request.num_computed_tokens + num_new != _num_known(request):
             return ()
         room = min(budget - num_new, self.max_model_len - request.num_tokens)
         return tuple(drafts[: max(room, 0)])
@@ -210,12 +224,30 @@ class Scheduler:
         drafts: tuple[int, ...] = (),
     ) -> ScheduledRequest:
         start = request.num_computed_tokens
-        will_sample = start + num_new == request.num_tokens
+        will_sample = start + num_new == _num_known(request)
         entry = ScheduledRequest(
             request, num_new + len(drafts), start, block_ids, is_new, will_sample, drafts
         )
         request.num_computed_tokens += num_new + len(drafts)
         return entry
+
+    def mark_in_flight(self, output: SchedulerOutput) -> None:
+        """The step `output` was launched and the next `schedule()` comes before its tokens
+        reach the host: each request it samples counts one output placeholder until
+        `update_from_output`."""
+        for entry in output.scheduled:
+            entry.request.num_output_placeholders += entry.will_sample
+
+    def _reaches_its_end(self, request: Request) -> bool:
+        """Whether the tokens in flight already take `request` to `max_tokens` or
+        `max_model_len` (only while a step is in flight: otherwise there are none)."""
+        pending = request.num_output_placeholders
+        if not pending:
+            return False
+        max_tokens = request.sampling_params.max_tokens
+        return (
+            max_tokens is not None and request.num_output_tokens + pending >= max_tokens
+        ) or request.num_tokens + pending >= self.max_model_len
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
@@ -239,8 +271,15 @@ class Scheduler:
         for entry in output.scheduled:
             request = entry.request
             request.state_column = 0
-            if not entry.will_sample or request.status != RequestStatus.RUNNING:
+            if not entry.will_sample:
                 continue
+            if request.num_output_placeholders:  # an overlapped step's token has arrived
+                request.num_output_placeholders -= 1
+            if request.status == RequestStatus.PREEMPTED:
+                finished += self._deliver_to_preempted(request, sampled[request.request_id])
+                continue
+            if request.status != RequestStatus.RUNNING:
+                continue  # finished (stop string, abort) while this step was in flight
             tokens = sampled[request.request_id]
             tokens = [tokens] if isinstance(tokens, int) else list(tokens)
             if entry.spec_token_ids:
@@ -256,6 +295,20 @@ class Scheduler:
                     finished.append(request)
                     break
         return finished
+
+    def _deliver_to_preempted(
+        self, request: Request, tokens: int | Sequence[int]
+    ) -> list[Request]:
+        """A token sampled before its request was preempted (overlapped steps): it is part of
+        the request, and it may finish it while it waits."""
+        for token in [tokens] if isinstance(tokens, int) else tokens:
+            request.append_output_token_ids(token)
+            status = self._stop_status(request)
+            if status is not None:
+                self.waiting.remove(request)
+                self._finish(request, status)
+                return [request]
+        return []
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         """vLLM 0.33's `check_stop` order: EOS (unless ignored), then `stop_token_ids` (the
@@ -284,3 +337,9 @@ class Scheduler:
         self.kv.free(request)
         del self.requests[request.request_id]
         self._dropped.append(request.request_id)
+
+
+def _num_known(request: Request) -> int:
+    """The request's tokens, counting those sampled by launched steps whose ids are still on
+    the device."""
+    return request.num_tokens + request.num_output_placeholders

@@ -69,6 +69,8 @@ class HostLayout:
     seq_lens: list[int] = attrs.Factory(list)
     computed: list[int] = attrs.Factory(list)
     sample_rows: list[int] = attrs.Factory(list)
+    # (token index, request id): input tokens sampled by the step in flight (overlapped steps)
+    placeholders: list[tuple[int, str]] = attrs.Factory(list)
 
 
 @attrs.define

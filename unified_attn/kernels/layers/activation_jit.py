@@ -7,8 +7,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-GELU_TANH_BETA = 0.7978845608028654  # sqrt(2 / pi)
-GELU_TANH_KAPPA = 0.044715
+# constexpr: a compiled kernel can read only constexpr globals (the interpreter reads any)
+GELU_TANH_BETA = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+GELU_TANH_KAPPA = tl.constexpr(0.044715)
 
 
 @triton.jit

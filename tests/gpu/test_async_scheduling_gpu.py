@@ -1,0 +1,48 @@
+"""Overlapped steps on a GPU (`engine/step_loop.py`): the launch of a step never waits for the
+device (torch's sync debug mode turns any synchronising call into an error), and greedy tokens
+equal plain steps' with CUDA graphs, under preemption and aborts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.runner.test_async_scheduling import serve, tight_engine
+from unified_attn.runner.model_runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CUDA = dict(device="cuda", dtype="float32")
+
+
+@pytest.fixture
+def no_sync_in_launch(monkeypatch):
+    """Every overlapped launch runs under `torch.cuda.set_sync_debug_mode("error")`."""
+    launch = ModelRunner.launch
+    counts = {"launch": 0}
+
+    def strict_launch(self, output):
+        counts["launch"] += bool(output.scheduled)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(self, output)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(ModelRunner, "launch", strict_launch)
+    return counts
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "gemma2-like", "hybrid-linear"])
+def test_overlapped_steps_never_wait_and_keep_the_tokens(preset, no_sync_in_launch):
+    aborts = {6: "r1", 9: "r7"}
+    want = serve(tight_engine(preset, async_scheduling=False, **CUDA), aborts)
+    engine = tight_engine(preset, async_scheduling=True, **CUDA)
+    got = serve(engine, aborts)
+    assert no_sync_in_launch["launch"] >= 10
+    if preset != "hybrid-linear":  # its linear-state layers run decode eagerly
+        assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+    for rid in got:
+        if rid not in aborts.values():
+            assert got[rid] == want[rid], rid
+    assert engine.kv_cache_manager.usage == 0.0

@@ -1,0 +1,186 @@
+"""Overlapped steps (`engine/step_loop.py`, `async_scheduling=True`): each step is scheduled
+and launched before the previous step's tokens reach the host. On the CPU the device work is
+synchronous, but the bookkeeping is the same as on a GPU: placeholders, tokens fed from the
+device, tokens dropped after a stop, preemption with a token in flight. The tokens must be
+those of plain steps. (The randomized soak runs the same option: tests/runner/test_soak.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from unified_attn import LLMEngine, SamplingParams
+from unified_attn.engine.step_loop import overlappable
+from unified_attn.request import Request
+from unified_attn.runner import overlap
+from unified_attn.runner.model_runner import ModelRunner
+from unified_attn.sampling_params import RequestOutputKind
+
+ENGINE = dict(max_model_len=128, max_num_batched_tokens=48, max_num_seqs=8, block_size=8)
+FINAL = RequestOutputKind.FINAL_ONLY
+
+
+def tight_engine(preset: str, **options) -> LLMEngine:
+    """A pool of one long request and a few blocks: requests must take turns (preemption)."""
+    probe = LLMEngine(preset, **ENGINE)
+    memory = probe.worker.plan.bytes_per_block * (sum(probe.worker.blocks_per_request) + 4)
+    return LLMEngine(preset, kv_cache_memory=memory, **ENGINE, **options)
+
+
+def workload(vocab: int) -> list[tuple[list[int], SamplingParams]]:
+    prefix = [(7 * j) % vocab for j in range(24)]
+    out = []
+    for i in range(10):
+        prompt = ([*prefix] if i % 2 else []) + [(13 * i + j) % vocab for j in range(5 + 3 * i)]
+        params = SamplingParams(
+            max_tokens=6 + 5 * (i % 4),
+            ignore_eos=i % 3 != 0,
+            stop_token_ids=[(i * 31) % vocab, 5] if i % 4 == 1 else (),
+            temperature=0.8 if i % 5 == 4 else 0.0,
+            seed=100 + i if i % 5 == 4 else None,
+            top_k=20 if i % 5 == 4 else 0,
+            output_kind=FINAL,
+        )
+        out.append((prompt, params))
+    return out
+
+
+def serve(engine: LLMEngine, abort_at: dict[int, str]) -> dict[str, tuple]:
+    """A serving loop: half the requests up front, the rest after step 3, an abort after the
+    steps in `abort_at`; returns every request's final tokens and finish reason."""
+    jobs = workload(min(engine.vocab_size, 256))
+    for i, (prompt, params) in enumerate(jobs[:5]):
+        engine.add_request(f"r{i}", prompt, params)
+    done: dict[str, tuple] = {}
+    step = 0
+    while engine.has_unfinished_requests() or step < 4:
+        for out in engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                done[out.request_id] = (tuple(c.token_ids), c.finish_reason, c.stop_reason)
+        step += 1
+        if step == 3:
+            for i, (prompt, params) in enumerate(jobs[5:], start=5):
+                engine.add_request(f"r{i}", prompt, params)
+        if step in abort_at:
+            engine.abort_request(abort_at[step])
+    return done
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts launches of overlapped steps and steps fed a token from the device."""
+    counts = {"launch": 0, "from_device": 0}
+    launch, gather = ModelRunner.launch, overlap.DeviceTokens.gather
+
+    def counting_launch(self, output):
+        counts["launch"] += bool(output.scheduled)
+        return launch(self, output)
+
+    def counting_gather(self, request_ids):
+        counts["from_device"] += 1
+        return gather(self, request_ids)
+
+    monkeypatch.setattr(ModelRunner, "launch", counting_launch)
+    monkeypatch.setattr(overlap.DeviceTokens, "gather", counting_gather)
+    return counts
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "gemma2-like", "hybrid-linear"])
+def test_tokens_are_the_same_with_overlap_under_preemption_and_aborts(preset, spy):
+    aborts = {6: "r1", 9: "r7"}
+    plain = tight_engine(preset, async_scheduling=False)
+    want = serve(plain, aborts)
+    assert spy["launch"] == 0 and plain.scheduler.num_preemptions > 0
+    overlapped = tight_engine(preset, async_scheduling=True)
+    got = serve(overlapped, aborts)
+    assert got.keys() == want.keys()
+    for rid in got:
+        if rid in aborts.values():  # when the abort lands depends on the timing: a prefix
+            shorter, longer = sorted([got[rid][0], want[rid][0]], key=len)
+            assert longer[: len(shorter)] == shorter
+        else:
+            assert got[rid] == want[rid], rid
+    assert overlapped.scheduler.num_preemptions > 0
+    assert spy["launch"] >= 10 and spy["from_device"] >= 10  # it did overlap
+    assert {r for r, (_, reason, _) in got.items() if reason == "abort"} == {"r1", "r7"}
+    assert overlapped.kv_cache_manager.usage == 0.0
+    engine_steps, plain_steps = overlapped.stats.steps, plain.stats.steps
+    assert engine_steps >= plain_steps  # a stopped request may cost one dropped step
+
+
+def test_a_request_stopped_by_a_token_drops_the_step_in_flight(spy):
+    engine = LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)
+    plain = LLMEngine("tiny-llama", async_scheduling=False, **ENGINE)
+    prompt = list(range(3, 30))
+    sampled = dict(max_tokens=12, ignore_eos=True, temperature=1.0, seed=7)  # tokens vary
+    tokens = plain.generate([prompt], SamplingParams(**sampled))[0].outputs[0].token_ids
+    k = next(k for k in range(2, 12) if tokens[k] not in tokens[:k])
+    stop = tokens[k]  # token k stops it
+    params = SamplingParams(**sampled, stop_token_ids=[stop])
+    want = plain.generate([prompt], params)[0].outputs[0]
+    got = engine.generate([prompt], params)[0].outputs[0]
+    assert got.token_ids == want.token_ids == tokens[: k + 1]
+    assert got.stop_reason == stop and got.finish_reason == "stop"
+    assert spy["from_device"] > 0
+    # the step in flight when the stop arrived computed one more token, which is dropped
+    pending = engine._loop.pending
+    assert pending is not None and [e.num_computed_before for e in pending.output.scheduled] == [
+        len(prompt) + k  # the stop token's position: its id came from the device
+    ]
+    assert engine.kv_cache_manager.usage == 0.0
+    assert engine.step() == [] and engine._loop.pending is not None  # an empty step now
+    assert engine.stats.generated_tokens == k + 1
+
+
+def test_max_tokens_is_never_scheduled_past(spy):
+    engine = LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)
+    plain = LLMEngine("tiny-llama", async_scheduling=False, **ENGINE)
+    params = SamplingParams(max_tokens=7, ignore_eos=True)
+    got = engine.generate([[1, 2, 3]], params)[0].outputs[0].token_ids
+    assert got == plain.generate([[1, 2, 3]], params)[0].outputs[0].token_ids
+    assert len(got) == 7 and engine.stats.steps == plain.stats.steps  # no wasted step
+
+
+def test_each_step_returns_one_steps_outputs():
+    engine = LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)
+    engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    lengths = [len(out.outputs[0].token_ids) for out in engine.step()]
+    assert lengths == [1]  # the first call already returns the first token
+    assert [len(out.outputs[0].token_ids) for out in engine.step()] == [2]
+    assert [o.finished for o in engine.step()] == [True]
+    assert not engine.has_unfinished_requests()
+
+
+def test_requests_that_read_their_outputs_on_the_host_run_plain_steps(spy):
+    engine = LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)
+    plain = LLMEngine("tiny-llama", async_scheduling=False, **ENGINE)
+    params = [
+        SamplingParams(max_tokens=5, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=5, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(max_tokens=5, ignore_eos=True),
+    ]
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    got, want = engine.generate(prompts, params), plain.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert got[0].outputs[0].logprobs == want[0].outputs[0].logprobs
+    assert spy["launch"] == 0  # while such a request is queued no step overlaps
+
+
+def test_overlappable_names_what_reads_outputs_on_the_host():
+    def request(**kw) -> Request:
+        return Request("x", [1, 2], sampling_params=SamplingParams(**kw))
+
+    assert overlappable(request())
+    assert overlappable(request(temperature=0.7, top_p=0.9, top_k=5, seed=3))
+    assert overlappable(request(stop=["a"], stop_token_ids=[3], max_tokens=4))
+    for kw in [
+        dict(logprobs=0), dict(prompt_logprobs=1), dict(presence_penalty=0.5),
+        dict(min_tokens=2), dict(logit_bias={1: 2.0}), dict(allowed_token_ids=[1, 2]),
+        dict(return_logits=True),
+    ]:  # fmt: skip
+        assert not overlappable(request(**kw)), kw
+
+
+def test_async_scheduling_defaults_to_the_device():
+    assert not LLMEngine("tiny-llama", **ENGINE)._loop.enabled  # CPU: off
+    assert LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)._loop.enabled

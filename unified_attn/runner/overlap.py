@@ -1,0 +1,77 @@
+"""What an overlapped step leaves behind (`ModelRunner.launch`, driven by `engine/step_loop.py`):
+the sampled ids on the device, which the next step reads as input without a host round trip
+(`DeviceTokens`), and the step's pending result, whose ids are copied to pinned host memory
+behind the forward and read once the copy is done (`PendingStep`). Also the asynchronous host
+to device copy every step input goes through (`pinned_to`): a copy from pageable memory makes
+the host wait for the device, which would serialise the host's next step with this one."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from unified_attn.runner.scheduler import SchedulerOutput
+from unified_attn.runner.step_inputs import StepResult
+
+
+def pinned_to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a CPU tensor) on `device`. On CUDA the copy goes through pinned memory and does
+    not wait for the device (torch's caching host allocator keeps the pinned block until the
+    copy has run); elsewhere a plain copy."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@attrs.frozen
+class DeviceTokens:
+    """The ids sampled by the last launched step, on the device, and each request's row."""
+
+    ids: torch.Tensor  # [N] int64
+    rows: dict[str, int]
+
+    def gather(self, request_ids: list[str]) -> torch.Tensor:
+        """The ids of `request_ids` (device, no synchronisation); a request this step did not
+        sample is a bug of the caller, refused with its id."""
+        missing = [rid for rid in request_ids if rid not in self.rows]
+        if missing:
+            raise RuntimeError(
+                f"requests {missing} wait for a token the last launched step did not sample; "
+                "an overlapped step must follow the step that sampled its placeholders"
+            )
+        index = torch.tensor([self.rows[rid] for rid in request_ids], dtype=torch.int64)
+        return self.ids.index_select(0, pinned_to(index, self.ids.device))
+
+
+def host_copy(ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying device `ids` to the host; returns the host tensor and, on CUDA, the event
+    that marks the copy done (on the CPU the copy is done at once)."""
+    if ids.device.type != "cuda":
+        return ids.clone(), None
+    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+    host.copy_(ids, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
+
+
+@attrs.define
+class PendingStep:
+    """A launched step: its scheduler output and the sampled ids on their way to the host."""
+
+    output: SchedulerOutput
+    request_ids: list[str] = attrs.Factory(list)  # the sampled rows' requests, in order
+    host_ids: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None
+
+    def result(self) -> StepResult:
+        """Wait for the step's ids (only for them: later launched steps keep running) and
+        return its `StepResult`."""
+        result = StepResult()
+        if self.host_ids is None:
+            return result
+        if self.event is not None:
+            self.event.synchronize()
+        tokens: list[int] = self.host_ids.tolist()
+        result.sampled = {rid: [token] for rid, token in zip(self.request_ids, tokens, strict=True)}
+        return result
