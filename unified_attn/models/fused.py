@@ -3,10 +3,9 @@ either their torch code (the CPU path, batch-invariant mode, and the reference) 
 Triton kernels of `kernels/layers` (CUDA), one projection GEMM per packed group
 (`PackedLinear`).
 
-`DecoderModel` turns the kernels on when it is built on CUDA outside batch-invariant mode and
-`UNIFIED_ATTN_FUSED_LAYERS=1` (`fused_by_default`): they are checked on the CPU through Triton's
-interpreter but not yet on a GPU, so they stay opt-in until the GPU suites have run them
-(issue 37). A layer that can fuse offers `set_fused(enabled)` (`Fusable`).
+`DecoderModel` turns the kernels on when it is built on CUDA outside batch-invariant mode, unless
+`UNIFIED_ATTN_FUSED_LAYERS=0` (`fused_by_default`; the GPU suites pass with them on an H200). A
+layer that can fuse offers `set_fused(enabled)` (`Fusable`).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if self._reaches_its_end(request):
+            if request.num_output_placeholders and self._reaches_its_end(request):
                 i += 1  # its in-flight token finishes it: nothing more to compute
                 continue
             num_new = self._num_new(request, request.num_computed_tokens, budget)
@@ -199,7 +199,8 @@ class Scheduler:
         """Tokens to schedule. With state groups, a chunk that crosses a checkpoint boundary
         stops on the last one it crosses (a prompt's final chunk too), so a later request with
         the same prefix finds a cached state there."""
-        end = computed + min(_num_known(request) - computed, budget)
+        known = request.num_tokens + request.num_output_placeholders  # placeholders: in flight
+        end = computed + min(known - computed, budget)
         align = self.checkpoint_alignment
         if align and computed < end // align * align < end:
             end = end // align * align
@@ -224,7 +225,7 @@ class Scheduler:
         drafts: tuple[int, ...] = (),
     ) -> ScheduledRequest:
         start = request.num_computed_tokens
-        will_sample = start + num_new == _num_known(request)
+        will_sample = start + num_new == request.num_tokens + request.num_output_placeholders
         entry = ScheduledRequest(
             request, num_new + len(drafts), start, block_ids, is_new, will_sample, drafts
         )
@@ -239,11 +240,9 @@ class Scheduler:
             entry.request.num_output_placeholders += entry.will_sample
 
     def _reaches_its_end(self, request: Request) -> bool:
-        """Whether the tokens in flight already take `request` to `max_tokens` or
-        `max_model_len` (only while a step is in flight: otherwise there are none)."""
+        """Whether the tokens in flight (`num_output_placeholders`, some) already take
+        `request` to `max_tokens` or `max_model_len`."""
         pending = request.num_output_placeholders
-        if not pending:
-            return False
         max_tokens = request.sampling_params.max_tokens
         return (
             max_tokens is not None and request.num_output_tokens + pending >= max_tokens
