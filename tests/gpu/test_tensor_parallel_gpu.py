@@ -7,8 +7,11 @@ import pytest
 import torch
 
 from tests.models.hf_models import save_hf_model
+from tests.runner.test_async_scheduling import ENGINE
 from tests.runner.test_tensor_parallel_state import CHECKPOINTS as STATE_CHECKPOINTS
+from tests.runner.test_tp_overlap import serve, tight_memory
 from unified_attn import LLMEngine, SamplingParams
+from unified_attn.runner.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 
@@ -60,3 +63,40 @@ def test_state_layer_ranks_on_the_triton_kernels_give_the_tokens_of_one_device(f
     assert_two_ranks_give_one_devices_tokens(
         str(save_hf_model(STATE_CHECKPOINTS[family](), tmp_path / family))
     )
+
+
+def test_two_ranks_overlap_steps_with_the_tokens_of_one_device(monkeypatch):
+    """Overlapped steps on two ranks (NCCL, CUDA graphs; tests/runner/test_tp_overlap.py's
+    workload: preemption, aborts, a stop token, greedy, seeded and unseeded sampling, with plain
+    steps that sample randomly before and between overlapped ones): every rank samples rank 0's
+    ids on its device, so all tokens equal one device's overlapped steps; rank 0's launches never
+    wait for the device (torch's sync debug mode)."""
+    launches = []
+    launch = ModelRunner.launch
+
+    def strict_launch(self, output, *args, **kwargs):
+        launches.append(bool(output.scheduled))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(self, output, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    options = dict(device="cuda", dtype="float32")
+    memory = tight_memory("tiny-llama", **options)
+    one = LLMEngine("tiny-llama", kv_cache_memory=memory, async_scheduling=True, **ENGINE,
+                    **options)  # fmt: skip
+    want = serve(one)
+    del one
+    monkeypatch.setattr(ModelRunner, "launch", strict_launch)
+    # a rank holds one of the 2 KV heads: half the bytes give one device's blocks
+    engine = LLMEngine("tiny-llama", tensor_parallel_size=2, kv_cache_memory=memory // 2,
+                       async_scheduling=True, **ENGINE, **options)  # fmt: skip
+    try:
+        got = serve(engine)
+        assert engine.runner.graphs is not None and engine.runner.graphs.num_replays > 0
+        assert engine.scheduler.num_preemptions > 0
+    finally:
+        engine.shutdown()
+    assert sum(launches) >= 10
+    assert got == want

@@ -59,7 +59,7 @@ def full_message() -> StepMessage:
         Entry("🙂", 1, 70_000, ([100_000], [], []), False, True, (4,), 1),
     ]
     tokens = {"请求-1": [5, 6], "🙂": [2**32 - 1]}
-    return StepMessage(new, tokens, entries, ["old"], ["old", "done-ü"])
+    return StepMessage(new, tokens, entries, ["old"], ["old", "done-ü"], launch=True)
 
 
 def decode_step(n: int) -> StepMessage:
@@ -106,6 +106,7 @@ def test_decode_steps_round_trip(n):
 def test_stop_and_an_empty_step_round_trip():
     assert_round_trips(None)
     assert_round_trips(StepMessage([], {}, [], [], []))
+    assert_round_trips(StepMessage([], {}, [], [], [], launch=True))
     assert len(encode(None)) < len(encode(StepMessage([], {}, [], [], [])))
 
 
@@ -159,9 +160,10 @@ entry_strategy = st.tuples(
         st.text(max_size=4), st.lists(st.integers(0, 2**32 - 1), max_size=4), max_size=4
     ),
     ids=st.lists(st.text(max_size=4), max_size=3),
+    launch=st.booleans(),
 )
-def test_any_message_round_trips(entries, tokens, ids):
-    assert_round_trips(StepMessage([], tokens, entries, ids, ids[::-1]))
+def test_any_message_round_trips(entries, tokens, ids, launch):
+    assert_round_trips(StepMessage([], tokens, entries, ids, ids[::-1], launch))
 
 
 # ---- SamplingParams: the codec's field list is the class's --------------------------------------
@@ -257,6 +259,7 @@ def valid_streams(out: Writer) -> None:
     out.uints([], "token ids")
     out.strings([], "preempted")
     out.strings([], "finished")
+    out.flag(False, "launch")
 
 
 def test_the_hand_built_empty_step_is_valid():
@@ -271,7 +274,9 @@ DATA = encode(full_message())
     [
         (pickle.dumps(full_message()), "bad magic .* expected b'UATP'"),
         (b"", "truncated: 0 bytes, expected a header"),
-        (patched(DATA, "version", 2), f"unknown format version 2, expected {FORMAT_VERSION}"),
+        # version 1, before the `launch` byte: a rank of another unified_attn is refused
+        (patched(DATA, "version", 1), f"unknown format version 1, expected {FORMAT_VERSION}"),
+        (patched(DATA, "version", 3), f"unknown format version 3, expected {FORMAT_VERSION}"),
         (DATA[:20], "truncated: 20 bytes, the header alone needs 36"),
         (DATA[:-1], f"truncated: the header declares {len(DATA)} bytes, the buffer holds"),
         (DATA + b"\0", "1 trailing bytes after the .* the header declares"),
@@ -351,6 +356,17 @@ def truncated_scalars(out: Writer) -> None:
     out.flag(True, "present")
 
 
+def version_1_step(out: Writer) -> None:
+    """An empty step as format 1 wrote it: no `launch` byte."""
+    valid_streams(out)
+    out.scalars.pop()
+
+
+def bad_launch_byte(out: Writer) -> None:
+    valid_streams(out)
+    out.scalars[-1] = b"\x02"
+
+
 def block_counts_mismatch(out: Writer) -> None:
     out.strings([], "new")
     out.strings(["a"], "entries")
@@ -374,6 +390,8 @@ def block_counts_mismatch(out: Writer) -> None:
             "truncated: sampling parameter n needs 8 scalar bytes at offset 1, 0 left",
         ),
         (block_counts_mismatch, "block id counts .* length mismatch: 1 found, expected 2"),
+        (version_1_step, "truncated: launch needs 1 scalar bytes at offset 1, 0 left"),
+        (bad_launch_byte, "launch: flag byte 2, expected 0 or 1"),
     ],
 )
 def test_malformed_streams_are_refused_with_what_was_expected(write, message):

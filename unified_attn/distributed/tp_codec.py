@@ -20,6 +20,8 @@ that fills all N rows):
                column of token counts | token ids (count, uints)
     preempted  request ids (count, strings)
     finished   request ids (count, strings)
+    launch     scalar byte 1: rank 0 launched the step overlapped (`StepMessage.launch`), 0: it
+               ran it plainly (new in format version 2)
 
 A stop message is the header alone. A change to the layout, or to the fields of
 `SamplingParams` (which `encode` checks against `tp_sampling.SAMPLING_FIELDS`), is a new
@@ -78,6 +80,7 @@ def encode(message: StepMessage | None) -> bytes:
         _write_tokens(out, message.tokens, entry_ids)
         out.strings(message.preempted_ids, "preempted ids")
         out.strings(message.finished_ids, "finished ids")
+        out.flag(message.launch, "launch")
     return frame(STOP if message is None else STEP, out)
 
 
@@ -95,7 +98,7 @@ def _read_step(data: Reader) -> StepMessage:
     tokens = _read_tokens(data, entry_ids)
     preempted = data.strings("preempted ids")
     finished = data.strings("finished ids")
-    return StepMessage(new, tokens, entries, preempted, finished)
+    return StepMessage(new, tokens, entries, preempted, finished, data.flag("launch"))
 
 
 def _write_new(out: Writer, new: list[NewRequest]) -> None:

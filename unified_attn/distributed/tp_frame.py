@@ -1,5 +1,5 @@
 """The bytes of a step message: a header, then the three streams of `distributed/tp_wire.py`.
-Format version 1, little-endian:
+Format version 2 (1 had no `launch` byte), little-endian:
 
     header   magic b"UATP" | version u16 | kind u16 (0: stop, 1: step) | total bytes u64 |
              uints u32 | strings u32 | text bytes u32 | scalar bytes u32 | uint width u8 |
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from unified_attn.distributed.tp_wire import Reader, Writer, check_length, split
 
 MAGIC = b"UATP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the step's `launch` byte (overlapped steps)
 STOP, STEP = 0, 1
 _HEADER = struct.Struct("<4sHHQIIIIBBH")
 _JOINED, _LENGTHS = 0, 1  # text modes

@@ -8,7 +8,9 @@ Every rank builds the same model shard, plans and sizes its own KV cache from it
 and the ranks agree on the minimum block count with one all-reduce (`distributed/tp_rank.py`). Each
 step rank 0 broadcasts a compact `StepMessage` (`distributed/tp_messages.py`: new requests, new
 tokens, the scheduled entries) and every rank runs its `ModelRunner` on it (`serve_rank`); the
-row-parallel projections all-reduce inside the forward. Only rank 0's sampled tokens are used.
+row-parallel projections all-reduce inside the forward. Rank 0's sampled tokens are the ones
+used; in overlapped steps (`engine/step_loop.py`) every rank samples the same ids on its device
+and feeds them to its next step (`run_step`).
 
 This module holds the ranks' processes: rank 0's side (`TensorParallelGroup`: spawning,
 broadcasting, failure reports and shutdown) and the other ranks' serve loop, spawned
@@ -45,6 +47,7 @@ from unified_attn.distributed.tp_rank import (
     make_worker,
     rank_model,
 )
+from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.scheduler import SchedulerOutput
 
 MAX_MESSAGE_SIZE = 1 << 30  # what a rank allocates for one message at most
@@ -66,8 +69,20 @@ def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None)
     startup_done(control)
     replica = Replica()
     while (message := receive_message(control)) is not None:  # as long as rank 0 is idle
-        runner.execute(replica.output(message), sample=False)  # rank 0 samples
+        run_step(runner, replica.output(message), message.launch)
     runner.graphs = None
+
+
+def run_step(runner: ModelRunner, output: SchedulerOutput, launch: bool) -> None:
+    """One step on a rank other than 0, run as rank 0 runs it. Launched (overlapped): the rank
+    samples the same ids as rank 0 (the same logits, generators in step) and keeps them on its
+    device for the next step's inputs; nothing is copied to the host and the `PendingStep` is
+    dropped. Plain: rank 0's tokens are used, this rank only makes the same random draws
+    (`ModelRunner.execute(sample=False)`)."""
+    if launch:
+        runner.launch(output, to_host=False)
+    else:
+        runner.execute(output, sample=False)
 
 
 def send_message(message: StepMessage | None, group: Any) -> None:
@@ -187,9 +202,10 @@ class TensorParallelGroup:
         except BaseException as error:
             self.fail(error)
 
-    def broadcast(self, output: SchedulerOutput) -> None:
-        """Send one step to the other ranks (they run it as rank 0 does)."""
-        self._send(self.mirror.message(output))
+    def broadcast(self, output: SchedulerOutput, launch: bool = False) -> None:
+        """Send one step to the other ranks (they run it as rank 0 does: launched, overlapped,
+        or plainly)."""
+        self._send(self.mirror.message(output, launch))
 
     def _send(self, message: StepMessage | None) -> None:
         send_message(message, self.control)

@@ -9,6 +9,12 @@ message into bytes and back (a typed, versioned format, never pickle), which
 `MESSAGE_BYTES`. Every other rank's `Replica` applies the message to its
 copies of the requests and rebuilds the same `SchedulerOutput`. The two stay in step as long
 as every message rank 0 makes is applied, in order, on every rank.
+
+Overlapped steps (`engine/step_loop.py`): a replica holds exactly the tokens rank 0's request
+holds when the step is launched (the message is made then, from them), so a token still in
+flight on rank 0 (its id on the device) is missing from the replica too, and every rank's runner
+reads it from its own device (`start >= request.num_tokens` in `ModelRunner._layout`): the
+message needs no per-entry flag for it.
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ class StepMessage:
     entries: list[tuple[Any, ...]]  # `Entry` fields, as plain tuples
     preempted_ids: list[str]
     finished_ids: list[str]
+    # rank 0 launched the step overlapped (`ModelRunner.launch`): every rank launches it and
+    # keeps its sampled ids on the device for the next step; else a plain step, whose tokens
+    # are rank 0's (`tp_group.run_step`)
+    launch: bool = False
 
 
 class Mirror:
@@ -60,7 +70,7 @@ class Mirror:
     def __init__(self) -> None:
         self.sent: dict[str, int] = {}
 
-    def message(self, output: SchedulerOutput) -> StepMessage:
+    def message(self, output: SchedulerOutput, launch: bool = False) -> StepMessage:
         preempted = [r.request_id for r in output.preempted]
         for rid in output.finished_ids:
             if rid not in preempted:
@@ -86,7 +96,7 @@ class Mirror:
                     request.state_column,
                 )
             )
-        return StepMessage(new, tokens, entries, preempted, list(output.finished_ids))
+        return StepMessage(new, tokens, entries, preempted, list(output.finished_ids), launch)
 
 
 class Replica:

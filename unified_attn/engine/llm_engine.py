@@ -54,8 +54,7 @@ from unified_attn.models.invariant import require_batch_invariant
 from unified_attn.runner.device import resolve_device
 from unified_attn.runner.kv_access import KVCacheAccess
 from unified_attn.runner.model_source import load_model
-from unified_attn.runner.scheduler import Scheduler, SchedulerOutput
-from unified_attn.runner.step_inputs import StepResult
+from unified_attn.runner.scheduler import Scheduler
 from unified_attn.runner.worker import KVCacheReport, agree_on_num_blocks
 from unified_attn.sampling_params import RequestOutputKind, SamplingParams
 from unified_attn.spec_decode.proposers import build_drafter
@@ -366,18 +365,6 @@ class LLMEngine(KVCacheAccess):
                 "this tensor-parallel engine was shut down (or a rank failed); build a new one"
             )
         self._loop.step()
-
-    def _execute(self, output: SchedulerOutput) -> StepResult:
-        """Run the step on this process's runner; with tensor parallelism, on every rank."""
-        tp = self._tp
-        if tp is None:
-            return self.runner.execute(output)
-        try:
-            tp.broadcast(output)
-            return self.runner.execute(output)
-        except Exception as error:
-            tp.fail(error)
-            raise
 
     def shutdown(self) -> None:
         """Stop the other tensor-parallel ranks and leave their process group (nothing to do

@@ -19,14 +19,34 @@ the token. Greedy tokens are the same with and without overlap.
 
 Steps overlap only when every request only samples: no log-probabilities, prompt or sample
 logits, penalties, `min_tokens`, bad words, allowed tokens or logit bias (their processing reads
-the output tokens on the host), no speculative decoding (drafts are proposed from the tokens)
-and one device (tensor-parallel ranks other than 0 do not sample). Otherwise the step in flight
-is finished first and the step runs plainly.
+the output tokens on the host), and no speculative decoding (drafts are proposed from the
+tokens). Otherwise the step in flight is finished first and the step runs plainly.
+
+Tensor parallelism: rank 0 tells the other ranks, in each step's message, whether it launched
+the step (`StepMessage.launch`); if so they launch it too (`tp_group.run_step`), and every rank
+samples the same ids on its own device: the logits are all-gathered, so they are the same on
+every rank, and so are the random numbers, because every rank's generators (the default one,
+seeded from the engine's seed, and each seeded request's) draw in step with rank 0's. For that,
+in plain steps, where rank 0 alone uses its tokens, the other ranks still make rank 0's random
+draws (`overlap.draw_along`: the same `Sampler.sample_ids` call on the same logits and request
+parameters, its ids left on the device unread); steps whose rows are all greedy draw nothing and
+are skipped. This is exact whatever order plain and overlapped steps come in, for the price of
+sampling on every rank in plain steps that sample randomly (a few batched device ops, no host
+sync). The alternatives were worse: overlapping only while no request samples randomly would
+not suffice (a seeded request's generator advances in plain steps too, so only engines that
+never sampled randomly could overlap), and sending rank 0's generator states when steps start
+to overlap would put device-specific state in the message. (Steps verifying drafts are not
+replayed: an engine with speculative decoding never overlaps.) Each rank feeds its ids to its
+next step from its own device; the `PendingStep` of ranks other than 0 is dropped (no copy to
+the host), and they drop the state of finished requests as rank 0 does. A failure on any rank
+(a launch, a collective, the wait for the ids) stops every rank, as in plain steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -79,7 +99,6 @@ class StepLoop:
         return (
             self.enabled
             and e.drafter is None
-            and e._tp is None
             and all(overlappable(r) for r in e.scheduler.requests.values())
         )
 
@@ -92,26 +111,59 @@ class StepLoop:
                 self.finish_pending(start)
                 return
             output = e.scheduler.schedule()
-            process_step(e, output, e._execute(output), start)
+            process_step(e, output, self._execute(output), start)
             return
         if self.pending is None:
             self.pending = self._launch()
         in_flight, self.pending = self.pending, self._launch()
-        process_step(e, in_flight.output, in_flight.result(), start)
+        process_step(e, in_flight.output, self._result(in_flight), start)
 
     def finish_pending(self, start: float | None = None) -> None:
         """Wait for the step in flight and process its outputs (nothing when none is)."""
         pending, self.pending = self.pending, None
         if pending is not None:
             start = time.perf_counter() if start is None else start
-            process_step(self.engine, pending.output, pending.result(), start)
+            process_step(self.engine, pending.output, self._result(pending), start)
+
+    def _execute(self, output: SchedulerOutput) -> StepResult:
+        """A plain step, on every rank."""
+        with self._failures():
+            self._send(output, launch=False)
+            return self.engine.runner.execute(output)
 
     def _launch(self) -> PendingStep:
-        scheduler = self.engine.scheduler
-        output = scheduler.schedule()
-        pending = self.engine.runner.launch(output)
-        scheduler.mark_in_flight(output)
+        """Schedule and launch a step, on every rank."""
+        e = self.engine
+        output = e.scheduler.schedule()
+        with self._failures():
+            self._send(output, launch=True)
+            pending = e.runner.launch(output)
+        e.scheduler.mark_in_flight(output)
         return pending
+
+    def _result(self, pending: PendingStep) -> StepResult:
+        with self._failures():  # the wait on the device is where a broken collective shows
+            return pending.result()
+
+    def _send(self, output: SchedulerOutput, launch: bool) -> None:
+        """With tensor parallelism: the step to the other ranks, which run it as this one does."""
+        if self.engine._tp is not None:
+            self.engine._tp.broadcast(output, launch)
+
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        """With tensor parallelism, a failure (this rank's, or a collective that another rank's
+        failure broke) stops every rank: `TensorParallelGroup.fail` raises a `RuntimeError`
+        naming the rank that failed. The step in flight is dropped: it will never arrive."""
+        try:
+            yield
+        except Exception as error:
+            tp = self.engine._tp
+            if tp is None:
+                raise
+            self.pending = None
+            tp.fail(error)
+            raise
 
 
 def process_step(

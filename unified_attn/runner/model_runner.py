@@ -12,7 +12,7 @@ import torch
 
 from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
-from unified_attn.runner.overlap import DeviceTokens, PendingStep, host_copy, pinned_to
+from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, host_copy, pinned_to
 from unified_attn.runner.runner_groups import (
     backend_group_ids,
     cross_group_ids,
@@ -66,7 +66,7 @@ class ModelRunner:
         invariant = getattr(model, "batch_invariant", False)
         self.sampler = Sampler(self.device, seed, eos_token_ids, batch_invariant=invariant)
         self.graphs: DecodeGraphs | None = None
-        self.device_tokens = DeviceTokens(torch.zeros(0, dtype=torch.int64), {})
+        self.device_tokens = DeviceTokens.none()
         graphs_supported = (
             bool(self.backend_groups)
             and not self.cross_gids
@@ -91,8 +91,10 @@ class ModelRunner:
         """Run one step: sampled tokens of requests that reached their end, and what they asked
         for through `SamplingParams.logprobs`, `prompt_logits` and `return_logits`. With
         `sample=False` (tensor-parallel ranks other than 0, whose tokens are not used) the
-        forward runs, with its collectives, and nothing is sampled."""
+        forward runs, with its collectives, and only the random draws of rank 0's sampling are
+        made (`overlap.draw_along`), nothing is read back."""
         self._drop_finished(output)
+        self.device_tokens = DeviceTokens.none()  # a plain step feeds no placeholder
         result = StepResult()
         if not output.scheduled:
             return result
@@ -100,14 +102,17 @@ class ModelRunner:
         logits = self._logits(output, inputs, result)
         if logits is not None and sample:
             self._sample(output, logits, result)
+        elif logits is not None:  # rank 0 samples; this rank keeps its generators in step
+            draw_along(self.sampler, output, logits)
         return result
 
-    def launch(self, output: SchedulerOutput) -> PendingStep:
+    def launch(self, output: SchedulerOutput, to_host: bool = True) -> PendingStep:
         """Run a step without waiting for it: the forward and the sampling are queued on the
-        device, the sampled ids stay there for the next step's inputs (`DeviceTokens`) and start
-        their way to the host (`PendingStep.result()` waits for them). For steps whose requests
-        only sample (no log-probabilities, logits, penalties or drafts: `step_loop.overlappable`),
-        whose tokens are the same as `execute`'s."""
+        device, the sampled ids stay there for the next step's inputs (`DeviceTokens`) and, with
+        `to_host` (not on tensor-parallel ranks other than 0), start their way to the host
+        (`PendingStep.result()` waits for them). For steps whose requests only sample (no
+        log-probabilities, logits, penalties or drafts: `step_loop.overlappable`), whose tokens
+        are the same as `execute`'s."""
         self._drop_finished(output)
         pending = PendingStep(output)
         if not output.scheduled:
@@ -122,7 +127,8 @@ class ModelRunner:
         ids = self.sampler.sample_ids(logits, requests)
         pending.request_ids = rids = [r.request_id for r in requests]
         self.device_tokens = DeviceTokens(ids, {rid: j for j, rid in enumerate(rids)})
-        pending.host_ids, pending.event = host_copy(ids)
+        if to_host:
+            pending.host_ids, pending.event = host_copy(ids)
         return pending
 
     def _drop_finished(self, output: SchedulerOutput) -> None:

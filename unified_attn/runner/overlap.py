@@ -3,13 +3,16 @@ the sampled ids on the device, which the next step reads as input without a host
 (`DeviceTokens`), and the step's pending result, whose ids are copied to pinned host memory
 behind the forward and read once the copy is done (`PendingStep`). Also the asynchronous host
 to device copy every step input goes through (`pinned_to`): a copy from pageable memory makes
-the host wait for the device, which would serialise the host's next step with this one."""
+the host wait for the device, which would serialise the host's next step with this one. And the
+random draws a tensor-parallel rank other than 0 makes in plain steps (`draw_along`), which keep
+its generators in step with rank 0's for the overlapped steps every rank samples."""
 
 from __future__ import annotations
 
 import attrs
 import torch
 
+from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 
@@ -30,6 +33,11 @@ class DeviceTokens:
     ids: torch.Tensor  # [N] int64
     rows: dict[str, int]
 
+    @staticmethod
+    def none() -> DeviceTokens:
+        """No ids: what a runner holds before its first launch and after a plain step."""
+        return _NO_TOKENS
+
     def gather(self, request_ids: list[str]) -> torch.Tensor:
         """The ids of `request_ids` (device, no synchronisation); a request this step did not
         sample is a bug of the caller, refused with its id."""
@@ -41,6 +49,24 @@ class DeviceTokens:
             )
         index = torch.tensor([self.rows[rid] for rid in request_ids], dtype=torch.int64)
         return self.ids.index_select(0, pinned_to(index, self.ids.device))
+
+
+_NO_TOKENS = DeviceTokens(torch.zeros(0, dtype=torch.int64), {})
+
+
+def draw_along(sampler: Sampler, output: SchedulerOutput, logits: torch.Tensor) -> None:
+    """A tensor-parallel rank other than 0, in a plain step (`ModelRunner.execute(sample=False)`):
+    make the random draws rank 0's sampling makes, so that every rank's generators (the
+    default one and each seeded request's) stay in step with rank 0's, and an overlapped step,
+    which every rank samples (`launch`), draws the same tokens everywhere.
+
+    It is rank 0's own call (`Sampler.sample_ids`) on the same logits (all-gathered: the same on
+    every rank) and the same requests' parameters; the ids stay on the device, unread. Greedy
+    steps draw nothing and skip it. A step verifying drafts is skipped too: an engine with
+    speculative decoding never overlaps, so its ranks never need the generators."""
+    requests = [s.request for s in output.scheduled if s.will_sample]
+    if len(requests) == len(logits) and not all(r.sampling_params.greedy for r in requests):
+        sampler.sample_ids(logits, requests)
 
 
 def host_copy(ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
