@@ -44,23 +44,29 @@ def workload(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     return out
 
 
-def serve(engine: LLMEngine, abort_at: dict[int, str]) -> dict[str, tuple]:
-    """A serving loop: half the requests up front, the rest after step 3, an abort after the
-    steps in `abort_at`; returns every request's final tokens and finish reason."""
-    jobs = workload(min(engine.vocab_size, 256))
-    for i, (prompt, params) in enumerate(jobs[:5]):
-        engine.add_request(f"r{i}", prompt, params)
+def serve(
+    engine: LLMEngine,
+    abort_at: dict[int, str],
+    jobs: list[tuple[list[int], SamplingParams]] | None = None,
+    later: dict[int, range] | None = None,
+) -> dict[str, tuple]:
+    """A serving loop: requests 0-4 of `jobs` (default `workload`) up front, the others after
+    the steps `later` names (default: all after step 3), an abort after the steps in
+    `abort_at`; returns every request's final tokens and finish reason."""
+    jobs = jobs if jobs is not None else workload(min(engine.vocab_size, 256))
+    later = later if later is not None else {3: range(5, len(jobs))}
+    for i in range(5):
+        engine.add_request(f"r{i}", *jobs[i])
     done: dict[str, tuple] = {}
-    step = 0
-    while engine.has_unfinished_requests() or step < 4:
+    step, last_add = 0, max(later, default=0)
+    while engine.has_unfinished_requests() or step <= last_add:
         for out in engine.step():
             if out.finished:
                 c = out.outputs[0]
                 done[out.request_id] = (tuple(c.token_ids), c.finish_reason, c.stop_reason)
         step += 1
-        if step == 3:
-            for i, (prompt, params) in enumerate(jobs[5:], start=5):
-                engine.add_request(f"r{i}", prompt, params)
+        for i in later.get(step, ()):
+            engine.add_request(f"r{i}", *jobs[i])
         if step in abort_at:
             engine.abort_request(abort_at[step])
     return done

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.runner.test_async_scheduling import ENGINE, FINAL, workload
+from tests.runner.test_async_scheduling import serve as serve_jobs
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.distributed.tp_codec import decode, encode
 from unified_attn.distributed.tp_group import run_step
@@ -67,22 +68,7 @@ def serve(engine: LLMEngine) -> dict[str, tuple]:
     after step 12: plain steps again), aborts after the steps in `ABORTS`; every request's
     final tokens and finish reason."""
     jobs = mixed_workload(min(engine.vocab_size, 256))
-    later = {3: range(5, 13), 12: range(13, 14)}
-    for i in range(5):
-        engine.add_request(f"r{i}", *jobs[i])
-    done: dict[str, tuple] = {}
-    step = 0
-    while engine.has_unfinished_requests() or step < 13:
-        for out in engine.step():
-            if out.finished:
-                c = out.outputs[0]
-                done[out.request_id] = (tuple(c.token_ids), c.finish_reason, c.stop_reason)
-        step += 1
-        for i in later.get(step, ()):
-            engine.add_request(f"r{i}", *jobs[i])
-        if step in ABORTS:
-            engine.abort_request(ABORTS[step])
-    return done
+    return serve_jobs(engine, ABORTS, jobs, later={3: range(5, 13), 12: range(13, 14)})
 
 
 @pytest.fixture
