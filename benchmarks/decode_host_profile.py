@@ -10,9 +10,11 @@ launch queue never fills):
   that only record their arguments: the launcher's Python checks and argument work (its
   `ensure` included), plus `stub_launches` (the stubs alone, timed too;
   `derived.python_checks_us` is the difference);
-- `<kernel>_launch`: each recorded launch through Triton's `kernel[grid](...)`;
-- `<kernel>_driver_launch`: the same launch through the compiled kernel's own launcher (what
-  is left without Triton's Python dispatch: argument binding, cache key, launch metadata);
+- `<kernel>_launch`: each recorded launch as the launcher makes it, through
+  `kernels/launch.FastLaunch` (its own cache key, then the compiled kernel's launcher);
+- `<kernel>_triton_dispatch_launch`: the same launch through Triton's `kernel[grid](...)`;
+- `<kernel>_driver_launch`: the same launch through the compiled kernel's own launcher alone (no
+  key at all: the floor);
   "error" where this Triton has no such path (the interpreter);
 - `call_host`: the whole `unified_attention` call (host time only, no synchronize);
 - `vllm_call_host`: vLLM's `unified_attention` call the same way, when the peer is loaded.
@@ -115,10 +117,10 @@ def profile_host(case: Any, iters: int, vllm_call: Callable[[], Any] | None) -> 
             max_query_len=1, scale=case.scale, split=split, scratch=scratch,
         )  # fmt: skip
 
-    kernels = {"attention": (ops.unified_attention_kernel, Recorder()),
-               "merge": (ops.merge_segments_kernel, Recorder())}  # fmt: skip
-    with mock.patch.object(ops, "unified_attention_kernel", kernels["attention"][1]), \
-         mock.patch.object(ops, "merge_segments_kernel", kernels["merge"][1]):  # fmt: skip
+    # the launcher calls its kernels through `kernels/launch.FastLaunch` (`ops._ATTENTION`, ...)
+    kernels = {"attention": (ops._ATTENTION, Recorder()), "merge": (ops._MERGE, Recorder())}
+    with mock.patch.object(ops, "_ATTENTION", kernels["attention"][1]), \
+         mock.patch.object(ops, "_MERGE", kernels["merge"][1]):  # fmt: skip
         pieces["launcher_stubbed"] = per_call(call, iters, device)
     recorded = {name: rec for name, (_, rec) in kernels.items() if rec.calls}
 
@@ -128,8 +130,12 @@ def profile_host(case: Any, iters: int, vllm_call: Callable[[], Any] | None) -> 
 
     pieces["stub_launches"] = per_call(stubs, iters, device)
     for name, rec in recorded.items():
-        kernel = kernels[name][0]
-        pieces[f"{name}_launch"] = per_call(
+        fast = kernels[name][0]
+        kernel = fast.kernel  # the @triton.jit function
+        pieces[f"{name}_launch"] = per_call(  # FastLaunch: what the launcher pays
+            lambda k=fast, r=rec: k[r.grid](*r.args, **r.kwargs), iters, device
+        )
+        pieces[f"{name}_triton_dispatch_launch"] = per_call(
             lambda k=kernel, r=rec: k[r.grid](*r.args, **r.kwargs), iters, device
         )
         try:

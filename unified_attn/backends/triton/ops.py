@@ -12,9 +12,14 @@ import triton
 from unified_attn.kernels.attention.cache_write import write_kv_cache_kernel
 from unified_attn.kernels.attention.merge_segments import merge_segments_kernel
 from unified_attn.kernels.attention.unified_attention import unified_attention_kernel
+from unified_attn.kernels.launch import FastLaunch
 from unified_attn.utils import cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# decode steps run these per layer: past Triton's Python dispatch once compiled (kernels/launch.py)
+_ATTENTION = FastLaunch(unified_attention_kernel)
+_MERGE = FastLaunch(merge_segments_kernel)
+_WRITE_KV = FastLaunch(write_kv_cache_kernel)
 FP8_KV_DTYPE = torch.float8_e4m3fn  # the cache dtype the kernels dequantize with per-layer scales
 
 
@@ -211,7 +216,7 @@ def write_kv_cache(
         raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} slots for {num_tokens} tokens")
     if num_tokens == 0:
         return
-    write_kv_cache_kernel[(num_tokens,)](
+    _WRITE_KV[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping, kv_scales if fp8 else slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *k_cache.stride(), *v_cache.stride(),
@@ -330,7 +335,7 @@ def unified_attention(
             num_tokens * num_q_heads, num_segments, head_pad, q.device
         )
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_segments)
-    unified_attention_kernel[grid](
+    _ATTENTION[grid](
         out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         sinks if sinks is not None else dummy,
         alibi_slopes if alibi_slopes is not None else dummy,
@@ -350,7 +355,7 @@ def unified_attention(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
     )  # fmt: skip
     if num_segments > 1:
-        merge_segments_kernel[(num_tokens, num_q_heads)](
+        _MERGE[(num_tokens, num_q_heads)](
             out, seg_acc, seg_max, seg_sum,
             sinks if sinks is not None else dummy,
             num_q_heads, out.stride(0), out.stride(1),
