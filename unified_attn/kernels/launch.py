@@ -1,4 +1,4 @@
-"""`FastLaunch`: a `@triton.jit` kernel launched through its compiled launcher once it has been
+"""`FastLaunch`: a Triton JIT kernel launched through its compiled launcher once it has been
 compiled for a call's specialization, past Triton's Python dispatch.
 
 `kernel[grid](*args)` binds and specializes every argument, hashes the result and looks the
