@@ -91,6 +91,22 @@ def test_bart_matches_transformers_under_preemption(bart):
     check_against_hf(hf, outputs, PROMPTS)
 
 
+def test_bart_overlapped_steps_give_transformers_tokens_under_preemption(bart):
+    """Overlapped steps (async scheduling): a decoder step is scheduled before the previous
+    step's token reaches the host, the encoder pass of admitted requests included."""
+    hf, path = bart
+    engine = make_engine(path, kv_cache_memory="135KiB", async_scheduling=True)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    assert sum(o.num_preemptions for o in outputs) > 0
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        tokens, _ = hf_greedy(
+            hf, prompt["encoder_prompt_token_ids"], prompt["prompt_token_ids"], MAX_TOKENS
+        )
+        assert out.output_token_ids == tokens
+    assert engine.kv_cache_manager.usage == 0
+
+
 def test_a_plain_prompt_is_the_encoder_input(bart):
     hf, path = bart
     engine = make_engine(path)

@@ -516,7 +516,7 @@ VARIANT_PRESETS = {
     "self-draft-tight": ["tiny-llama"],
     "window-aware": ["deepseek-v4-like", "gemma2-like", "mistral-like", "streaming-llm"],
     "fp8": ["deepseek-v3-like", "gpt-oss-like", "mistral-like", "tiny-llama"],
-    "async": ["deepseek-v4-like", "gemma2-like", "hybrid-linear", "tiny-llama"],
+    "async": ["deepseek-v3-like", "deepseek-v4-like", "gemma2-like", "hybrid-linear", "tiny-llama"],
 }
 
 
