@@ -7,6 +7,7 @@ those of plain steps. (The randomized soak runs the same option: tests/runner/te
 from __future__ import annotations
 
 import pytest
+import torch
 
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.engine.step_loop import overlappable
@@ -190,3 +191,14 @@ def test_overlappable_names_what_reads_outputs_on_the_host():
 def test_async_scheduling_defaults_to_the_device():
     assert not LLMEngine("tiny-llama", **ENGINE)._loop.enabled  # CPU: off
     assert LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)._loop.enabled
+
+
+def test_tensor_parallelism_overlaps_only_when_asked():
+    from unified_attn.engine.engine_config import EngineConfig
+    from unified_attn.engine.step_loop import overlap_steps
+
+    cuda = torch.device("cuda")
+    assert overlap_steps(EngineConfig(), cuda)
+    assert not overlap_steps(EngineConfig(tensor_parallel_size=2), cuda)
+    assert overlap_steps(EngineConfig(tensor_parallel_size=2, async_scheduling=True), cuda)
+    assert not overlap_steps(EngineConfig(), torch.device("cpu"))

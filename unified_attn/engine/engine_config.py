@@ -51,7 +51,8 @@ class EngineConfig:
     seed: int = 0
     cuda_graphs: bool = True  # decode steps on CUDA, when every backend supports them
     # schedule and prepare each step while the device runs the previous one (vLLM's async
-    # scheduling; engine/step_loop.py says when steps may overlap); None: on for CUDA devices
+    # scheduling; engine/step_loop.py says when steps may overlap); None: on for one CUDA
+    # device, off with tensor parallelism until its GPU test has run (True turns it on)
     async_scheduling: bool | None = None
     # ranks of tensor parallelism: one process each (docs/distributed.md)
     tensor_parallel_size: int = attrs.field(default=1)
