@@ -134,6 +134,25 @@ def save_figure(fig: Any, path: Path, dpi: int) -> None:
 # ---- GPU -------------------------------------------------------------------------------------
 
 
+def capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
+    """`calls` captured in order in one CUDA graph, after one run of them on a side stream
+    (compiles and warms up outside the capture); returns the `torch.cuda.CUDAGraph`."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    return graph
+
+
 def gpu_ms(fn: Callable[[], Any]) -> float:
     """Median ms per call of `fn` by `triton.testing.do_bench` (which clears L2 before each)."""
     import triton.testing

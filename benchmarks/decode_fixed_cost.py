@@ -39,7 +39,15 @@ from typing import Any
 
 import torch
 from attn_bench.timing import rel_err, rotation_count
-from common import add_out_argument, gpu_ms, make_console, output_dir, run_header, write_json
+from common import (
+    add_out_argument,
+    capture_graph,
+    gpu_ms,
+    make_console,
+    output_dir,
+    run_header,
+    write_json,
+)
 from decode_peer_calls import load_vllm_attn, vllm_calls
 
 SCHEMA = "unified_attn.benchmarks.decode_fixed_cost/v1"
@@ -148,17 +156,7 @@ def eager_timing(calls: Sequence[Callable[[], Any]], p: dict, device: torch.devi
 def graph_timing(calls: Sequence[Callable[[], Any]], p: dict) -> dict:
     """Device us per call: all `calls` captured in one CUDA graph, replayed between two CUDA
     events (median of `repeats` timings of `replays` replays)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+    graph = capture_graph(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def replay_ms(replays: int) -> float:

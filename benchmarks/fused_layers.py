@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from common import (
     add_out_argument,
+    capture_graph,
     command_line,
     gpu_ms,
     machine_info,
@@ -171,15 +172,7 @@ def moved_bytes(name: str, s: dict[str, int], t: int) -> int:
 
 def graphed(fn: Fn) -> Fn:
     """`fn` captured in a CUDA graph (as a decode step runs it): its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return capture_graph([fn]).replay
 
 
 def first(out: Any) -> torch.Tensor:

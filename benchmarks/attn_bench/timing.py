@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from common import gpu_ms
+from common import capture_graph, gpu_ms
 
 from .config import MAX_ROTATE, ROTATE_BELOW, ROTATE_TARGET, TOLERANCE
 from .run import err_str
@@ -24,17 +24,7 @@ def time_calls(calls: Sequence[Callable[[], Any]], graph: bool) -> tuple[float, 
     if graph and len(calls) > 1:
         g = None
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for c in calls:
-                    c()
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for c in calls:
-                    c()
+            g = capture_graph(calls)
             torch.cuda.synchronize()
             ms = gpu_ms(g.replay) / len(calls)
             return ms, f"cuda_graph({len(calls)} calls, {len(calls)} buffers)"

@@ -12,8 +12,6 @@ import torch
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.engine.step_loop import overlappable
 from unified_attn.request import Request
-from unified_attn.runner import overlap
-from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.sampling_params import RequestOutputKind
 
 ENGINE = dict(max_model_len=128, max_num_batched_tokens=48, max_num_seqs=8, block_size=8)
@@ -71,25 +69,6 @@ def serve(
         if step in abort_at:
             engine.abort_request(abort_at[step])
     return done
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """Counts launches of overlapped steps and steps fed a token from the device."""
-    counts = {"launch": 0, "from_device": 0}
-    launch, gather = ModelRunner.launch, overlap.DeviceTokens.gather
-
-    def counting_launch(self, output):
-        counts["launch"] += bool(output.scheduled)
-        return launch(self, output)
-
-    def counting_gather(self, request_ids):
-        counts["from_device"] += 1
-        return gather(self, request_ids)
-
-    monkeypatch.setattr(ModelRunner, "launch", counting_launch)
-    monkeypatch.setattr(overlap.DeviceTokens, "gather", counting_gather)
-    return counts
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "gemma2-like", "hybrid-linear"])
@@ -202,3 +181,10 @@ def test_tensor_parallelism_overlaps_only_when_asked():
     assert not overlap_steps(EngineConfig(tensor_parallel_size=2), cuda)
     assert overlap_steps(EngineConfig(tensor_parallel_size=2, async_scheduling=True), cuda)
     assert not overlap_steps(EngineConfig(), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_a_bad_async_scheduling_value_is_refused_and_names_the_choices(value):
+    with pytest.raises(ValueError, match=r"async_scheduling must be True, False or None"):
+        LLMEngine("tiny-llama", async_scheduling=value, **ENGINE)
+    assert LLMEngine("tiny-llama", **ENGINE).generate([[1, 2]], SamplingParams(max_tokens=2))

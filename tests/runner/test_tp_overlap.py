@@ -28,7 +28,7 @@ from unified_attn import LLMEngine, SamplingParams
 from unified_attn.distributed.tp_codec import decode, encode
 from unified_attn.distributed.tp_group import run_step
 from unified_attn.distributed.tp_messages import Mirror, Replica
-from unified_attn.runner import model_runner, overlap
+from unified_attn.runner import model_runner
 from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.scheduler import SchedulerOutput
 
@@ -69,26 +69,6 @@ def serve(engine: LLMEngine) -> dict[str, tuple]:
     final tokens and finish reason."""
     jobs = mixed_workload(min(engine.vocab_size, 256))
     return serve_jobs(engine, ABORTS, jobs, later={3: range(5, 13), 12: range(13, 14)})
-
-
-@pytest.fixture
-def spy(monkeypatch):
-    """Counts rank 0's launches, and steps fed a token from the device (on every runner of
-    this process)."""
-    counts = {"launch": 0, "from_device": 0}
-    launch, gather = ModelRunner.launch, overlap.DeviceTokens.gather
-
-    def counting_launch(self, output, *args, **kwargs):
-        counts["launch"] += bool(output.scheduled) and not args and not kwargs
-        return launch(self, output, *args, **kwargs)
-
-    def counting_gather(self, request_ids):
-        counts["from_device"] += 1
-        return gather(self, request_ids)
-
-    monkeypatch.setattr(ModelRunner, "launch", counting_launch)
-    monkeypatch.setattr(overlap.DeviceTokens, "gather", counting_gather)
-    return counts
 
 
 # ---- one process: a follower runner as rank 1 --------------------------------------------------

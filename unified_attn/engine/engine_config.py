@@ -53,7 +53,7 @@ class EngineConfig:
     # schedule and prepare each step while the device runs the previous one (vLLM's async
     # scheduling; engine/step_loop.py says when steps may overlap); None: on for one CUDA
     # device, off with tensor parallelism until its GPU test has run (True turns it on)
-    async_scheduling: bool | None = None
+    async_scheduling: bool | None = attrs.field(default=None)
     # ranks of tensor parallelism: one process each (docs/distributed.md)
     tensor_parallel_size: int = attrs.field(default=1)
     # Speculative decoding: "ngram" (prompt lookup) proposes up to `num_speculative_tokens`
@@ -70,6 +70,14 @@ class EngineConfig:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(
                 f"tensor_parallel_size must be a positive int, got {value!r}; 1 runs on one device"
+            )
+
+    @async_scheduling.validator
+    def _check_async(self, _attribute: Any, value: bool | None) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(
+                f"async_scheduling must be True, False or None (on for one CUDA device), got "
+                f"{value!r}"
             )
 
     @gpu_memory_utilization.validator

@@ -1,4 +1,5 @@
-"""The device an engine runs on, checked against this machine before anything is built."""
+"""The device an engine runs on, checked against this machine before anything is built, and the
+host-to-device copy of step inputs that does not make the host wait (`pinned_to`)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,12 @@ def resolve_device(value: str | torch.device) -> torch.device:
                 f"'cuda:0'..'cuda:{count - 1}'; pick one of those"
             )
     return device
+
+
+def pinned_to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`host` (a CPU tensor) on `device`. On CUDA the copy goes through pinned memory and does
+    not wait for the device (torch's caching host allocator keeps the pinned block until the
+    copy has run); elsewhere a plain copy."""
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

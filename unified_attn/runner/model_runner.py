@@ -12,7 +12,8 @@ import torch
 
 from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
-from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, host_copy, pinned_to
+from unified_attn.runner.device import pinned_to
+from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, host_copy
 from unified_attn.runner.runner_groups import (
     backend_group_ids,
     cross_group_ids,

@@ -3,7 +3,8 @@ the sampled ids on the device, which the next step reads as input without a host
 (`DeviceTokens`), and the step's pending result, whose ids are copied to pinned host memory
 behind the forward and read once the copy is done (`PendingStep`). Also the asynchronous host
 to device copy every step input goes through (`pinned_to`): a copy from pageable memory makes
-the host wait for the device, which would serialise the host's next step with this one. And the
+the host wait for the device, which would serialise the host's next step with this one
+(`runner/device.pinned_to`). And the
 random draws a tensor-parallel rank other than 0 makes in plain steps (`draw_along`), which keep
 its generators in step with rank 0's for the overlapped steps every rank samples."""
 
@@ -12,18 +13,10 @@ from __future__ import annotations
 import attrs
 import torch
 
+from unified_attn.runner.device import pinned_to
 from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
-
-
-def pinned_to(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`host` (a CPU tensor) on `device`. On CUDA the copy goes through pinned memory and does
-    not wait for the device (torch's caching host allocator keeps the pinned block until the
-    copy has run); elsewhere a plain copy."""
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 @attrs.frozen

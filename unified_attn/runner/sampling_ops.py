@@ -17,19 +17,16 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
+from unified_attn.runner.device import pinned_to
 from unified_attn.sampling_params import SamplingParams
 
 
 def to_device(
     values: Sequence[float] | Sequence[int], dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
-    """`values` as a tensor on `device`, without the host waiting for the device: a plain
-    `torch.tensor(values, device="cuda")` copies from pageable memory, which synchronises the
-    stream, so on CUDA the copy goes through pinned memory and is asynchronous."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    host = torch.tensor(values, dtype=dtype, pin_memory=True)
-    return host.to(device, non_blocking=True)
+    """`values` as a tensor on `device`, without the host waiting for the device
+    (`runner/device.pinned_to`)."""
+    return pinned_to(torch.tensor(values, dtype=dtype), device)
 
 
 @attrs.frozen

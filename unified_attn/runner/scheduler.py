@@ -211,7 +211,8 @@ class Scheduler:
         token is its last), as many as the token budget and `max_model_len` leave room for.
         Taken from the request: a draft is verified once."""
         drafts, request.spec_token_ids = request.spec_token_ids, []
-        if not drafts or request.num_computed_tokens + num_new != _num_known(request):
+        known = request.num_tokens + request.num_output_placeholders
+        if not drafts or request.num_computed_tokens + num_new != known:
             return ()
         room = min(budget - num_new, self.max_model_len - request.num_tokens)
         return tuple(drafts[: max(room, 0)])
@@ -336,9 +337,3 @@ class Scheduler:
         self.kv.free(request)
         del self.requests[request.request_id]
         self._dropped.append(request.request_id)
-
-
-def _num_known(request: Request) -> int:
-    """The request's tokens, counting those sampled by launched steps whose ids are still on
-    the device."""
-    return request.num_tokens + request.num_output_placeholders
