@@ -46,7 +46,8 @@ SCALE = DK**-0.5
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 PREFILL = [[2048], [8192], [512] * 4, [2048] * 4]
 TILE_SWEEP = [(bv, w) for bv in (8, 16, 32, 64) for w in (2, 4, 8)]
-CHUNKED_SWEEP = [(bv, w, s) for bv in (16, 32, 64) for w in (4, 8) for s in (1, 2)]
+# one stage is left out: Triton 3.6 reads shared memory out of bounds at (32, 4, 1) on an H200
+CHUNKED_SWEEP = [(bv, w, s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
 DT = torch.bfloat16
 
 

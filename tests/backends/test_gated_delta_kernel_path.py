@@ -49,3 +49,34 @@ def test_kernel_path_verifies_drafts(qwen3_next, kernel_path):
     check_against_hf(hf, engine.generate([p * 2 for p in batch], PARAMS), [p * 2 for p in batch],
                      prompt_logits=False)  # fmt: skip
     assert engine.stats.spec_drafted > 0 and kernel_path["varlen"] > 0
+
+
+def test_all_mode_on_64_token_blocks_takes_the_chunked_form(qwen3_next, kernel_path, monkeypatch):
+    """Blocks of 64 tokens: every checkpoint ends a chunk of the WY form, so prefill chunks of
+    64 rows or more run it ("auto") and the state it saves at 64 serves a prefix hit; shorter
+    chunks run the token-by-token kernel."""
+    from unified_attn.backends import gated_delta_device
+    from unified_attn.backends.triton import gated_delta_ops as ops
+
+    assert gated_delta_device.CHUNKED_GRID == ops.CHUNK
+    paths = {"chunked": 0, "tokens": 0}
+    for name, attr in (("chunked", "launch_chunked"), ("tokens", "_launch_varlen")):
+        monkeypatch.setattr(ops, attr, _counted(getattr(ops, attr), paths, name))
+    hf, path = qwen3_next
+    engine = LLMEngine(str(path), kv_cache_memory="8MiB", block_size=64,
+                       max_num_batched_tokens=100, mamba_cache_mode="all")  # fmt: skip
+    first = prompts([20], seed=2, shared=128)
+    second = [[*first[0][:100], 7, 8, 9]]  # shares the first 100-row chunk
+    for batch in (first, second):
+        outputs = engine.generate(batch, PARAMS)
+        check_against_hf(hf, outputs, batch, prompt_logits=False)
+    assert paths["chunked"] > 0 and paths["tokens"] > 0, paths
+    assert outputs[0].num_cached_tokens == 64  # the state the chunked form saved at 64
+
+
+def _counted(run, counts, name):
+    def wrapper(*args, **kwargs):
+        counts[name] += 1
+        return run(*args, **kwargs)
+
+    return wrapper

@@ -4,11 +4,12 @@ Mamba-2's (`mamba_device.DeviceSlots`).
 
 A decode step (one token per request) runs the one-token convolution and rule update; in a
 CUDA graph its slots come from the persistent `seq_lens` and block tables (`device_slots`).
-Other steps run the varlen convolution and the varlen rule over every request at once, token
-by token (`gated_delta_chunked_varlen`'s "auto": its chunked form is opt-in until a GPU bug is
-fixed), which can save a state after any row, so checkpoints ("all" mode's block boundaries,
-a verify step's state per token) are planned on a grid of one row (`CHECKPOINT_GRID`) and
-never send a step to the torch path.
+Other steps run the varlen convolution and the varlen rule over every request at once
+(`gated_delta_chunked_varlen`'s "auto"). Checkpoints ("all" mode's block boundaries, a verify
+step's state per token) are planned on a grid of 64 positions when every one falls on it (the
+chunked WY form's chunk ends: "auto" takes that form), else on a grid of one row
+(`CHECKPOINT_GRID`: the token-by-token kernel saves a state after any row), so they never
+send a step to the torch path.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 from unified_attn.backend.state_layers import GatedDeltaWeights
 from unified_attn.backends.state_slots import DeviceSlots, conv_windows
 
-CHECKPOINT_GRID = 1  # the rule kernel's checkpoint entry j: the state after j + 1 rows
+CHECKPOINT_GRID = 1  # the token-by-token kernel's grid: entry j, the state after j + 1 rows
+CHUNKED_GRID = 64  # the chunked form's (its chunks end at multiples of 64 positions)
 
 # (key heads, key head size, value heads, value head size)
 Shape = tuple[int, int, int, int]
@@ -63,7 +65,7 @@ def varlen(
     q, k, v = _split(conv, shape)
     o = gated_delta_chunked_varlen(
         q, k, v, g, beta, query_start_loc, slots.offsets, states, slots.read, slots.write,
-        shape[1] ** -0.5, CHECKPOINT_GRID, slots.checkpoints, l2norm=True,
+        shape[1] ** -0.5, slots.checkpoint_grid, slots.checkpoints, l2norm=True,
     )  # fmt: skip
     if before is not None:
         for (_, _, block, _), inputs in zip(slots.conv_checkpoints, before, strict=True):

@@ -32,6 +32,7 @@ from unified_attn.backend import (
 from unified_attn.backend.state_layers import GatedDeltaWeights
 from unified_attn.backends.gated_delta_device import (
     CHECKPOINT_GRID,
+    CHUNKED_GRID,
     decay_and_rate,
     decode,
     varlen,
@@ -94,9 +95,10 @@ class GatedDeltaStateBackend(StateBackend[KernelStepPlan]):
         block_tables: dict[int, torch.Tensor],
         for_cudagraph_capture: bool = False,
     ) -> None:
-        # the kernels save a state after any row: on CUDA every step runs them
-        self.plan = self.plan_kernel_step(common, block_tables,
-                                          CHECKPOINT_GRID if self.on_cuda else None)
+        # the kernels save a state after any row: on CUDA every step runs them (the chunked
+        # form where every checkpoint ends one of its chunks, else token by token)
+        grids = (CHUNKED_GRID, CHECKPOINT_GRID) if self.on_cuda else ()
+        self.plan = self.plan_kernel_step(common, block_tables, grids)
 
     def forward(
         self,

@@ -89,7 +89,7 @@ class Mamba2StateBackend(StateBackend[KernelStepPlan]):
     ) -> None:
         kernels = self.on_cuda and (common.max_query_len == 1 or self.kernel_scan)
         self.plan = self.plan_kernel_step(common, block_tables,
-                                          self.chunk_size if kernels else None)  # fmt: skip
+                                          (self.chunk_size,) if kernels else ())  # fmt: skip
 
     def forward(
         self,

@@ -123,12 +123,12 @@ class StateBackend(AttentionBackend[PlanT]):
 
     def plan_kernel_step(
         self, common: CommonAttentionMetadata, block_tables: dict[int, torch.Tensor],
-        checkpoint_grid: int | None,
+        checkpoint_grids: tuple[int, ...],
     ) -> KernelStepPlan:  # fmt: skip
         """The step's plan: in a CUDA-graph decode step, slots from device tensors alone
-        (captured with the forward); else the host rows, and slots for the kernels when
-        `checkpoint_grid` (the rows on which they can save a state) is given and every
-        checkpoint falls on it."""
+        (captured with the forward); else the host rows, and slots for the kernels on the
+        first of `checkpoint_grids` (the rows on which they can save a state, tried in order;
+        empty: the torch path) that every checkpoint falls on."""
         groups = set(self.group_of_layer.values())
         mode = self.manager_config.mamba_cache_mode
         if common.graph_step:
@@ -137,11 +137,12 @@ class StateBackend(AttentionBackend[PlanT]):
                                   mode) for gid in groups}, decode=True)  # fmt: skip
         rows = self.plan_rows(common, block_tables)
         slots = None
-        if checkpoint_grid is not None:
-            device = common.query_start_loc.device
-            planned = {gid: host_slots(rows[gid], checkpoint_grid, device) for gid in groups}
+        device = common.query_start_loc.device
+        for grid in checkpoint_grids:
+            planned = {gid: host_slots(rows[gid], grid, device) for gid in groups}
             if all(s is not None for s in planned.values()):
                 slots = {gid: s for gid, s in planned.items() if s is not None}
+                break
         return KernelStepPlan(rows, slots, common.query_start_loc[: common.num_reqs + 1],
                               decode=common.max_query_len == 1)  # fmt: skip
 

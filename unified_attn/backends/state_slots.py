@@ -20,6 +20,9 @@ class DeviceSlots:
     offsets: torch.Tensor | None = None  # [R] tokens before the step (varlen steps)
     # [R, M]: the scan's checkpoint entries ("all" mode), None without checkpoints
     checkpoints: torch.Tensor | None = None
+    # positions between entries: entry j of request r is the state after absolute position
+    # (offsets[r] // checkpoint_grid + 1 + j) * checkpoint_grid
+    checkpoint_grid: int = 1
     # host, per checkpoint: (request's first row, rows before the checkpoint, block, block
     # read at the step's start or -1)
     conv_checkpoints: tuple[tuple[int, int, int, int], ...] = ()
@@ -53,6 +56,7 @@ def host_slots(
         write=ints([r.write for r in rows]),
         offsets=ints([r.offset for r in rows]),
         checkpoints=ints([e + [-1] * (width - len(e)) for e in entries]) if width else None,
+        checkpoint_grid=chunk_size,
         conv_checkpoints=tuple(conv),
     )
 

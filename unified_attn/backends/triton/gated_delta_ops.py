@@ -120,12 +120,10 @@ def gated_delta_chunked_varlen(
     absolute multiples of 64 (`kernels/ssm/gated_delta_chunked.py`, three launches), which
     needs q, k and v of one dtype and, with checkpoints, chunk_size a multiple of 64; "tokens",
     the recurrence token by token (one launch; any `chunk_size >= 1`, 1: entry j is the state
-    after the request's first j + 1 rows); "auto" (the default): "tokens" for now. The chunked
-    form matches the torch form in Triton's interpreter and at Qwen3-Next's shapes on an H200
-    (1.5x vLLM's fla kernel at 2k tokens), but gives NaN rows at Dk = 16 in 16-bit inputs and
-    illegal memory accesses with some state tiles there, so it runs only when asked for until
-    that is found (tests/backends/test_gated_delta_chunked.py reproduces it on a GPU with
-    UNIFIED_ATTN_GDN_CHUNKED_GPU_TESTS=1). Scratch of the chunked form: `min(T, T // 64 +
+    after the request's first j + 1 rows); "auto" (the default): "chunked" where it applies
+    and the step has at least CHUNK rows, else "tokens" (a decision from shapes alone: no
+    host sync). On an H200 the chunked form is 7x the token-by-token kernel and 1.8x vLLM's fla
+    kernel at 2k tokens (benchmarks/README.md). Scratch of the chunked form: `min(T, T // 64 +
     2 R)` chunks of `Hv * 64 * (Dk + Dv + 64)` elements in v's dtype (w, u, P) and
     `Hv * 3 * 64` float32."""
     op = "gated_delta_chunked_varlen"
@@ -173,7 +171,9 @@ def varlen_kernel(
             f"{op}: kernel='chunked' with checkpoints needs chunk_size a multiple of {CHUNK}, "
             f"found {chunk_size}; pass kernel='tokens' or 'auto'"
         )
-    return "tokens" if kernel == "auto" else kernel
+    if kernel == "auto":
+        return "chunked" if one_dtype and aligned and q.shape[0] >= CHUNK else "tokens"
+    return kernel
 
 
 class WYForm(NamedTuple):
@@ -239,9 +239,17 @@ def wy_form(
         scores.stride(0), scores.stride(1), factors.stride(0), factors.stride(1),
         HEADS_PER_KEY=num_heads // k.shape[1], K_DIM=k_dim, V_DIM=v_dim, BLOCK_K=_pow2(k_dim),
         BLOCK_V=min(64, _pow2(v_dim)), L2NORM=l2norm, DOT="ieee" if fp32 else "tf32",
-        INV="ieee" if fp32 else "tf32x3", num_warps=4, num_stages=1,
+        INV=inverse_precision(dtype, k_dim), num_warps=4, num_stages=1,
     )  # fmt: skip
     return form
+
+
+def inverse_precision(dtype: torch.dtype, k_dim: int) -> str:
+    """The precision of the float32 products that assemble T in `chunk_wy_kernel`: "ieee"
+    for float32 models and for key heads under 32 (Triton 3.6 on an H200 gave NaN rows with
+    "tf32x3" and illegal memory accesses with "tf32" at Dk = 16 in this kernel; "ieee" is
+    exact there), else "tf32x3" (three tf32 products: float32's accuracy on tensor cores)."""
+    return "ieee" if dtype == torch.float32 or k_dim < 32 else "tf32x3"
 
 
 def launch_chunk_states(
