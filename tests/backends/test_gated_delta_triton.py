@@ -12,6 +12,7 @@ import torch
 
 from tests.backends.test_ssm_triton import checkpoint_rows, int32, qsl_of, rel_err
 from unified_attn.backends import gated_delta_math
+from unified_attn.backends.triton import gated_delta_ops as ops
 from unified_attn.backends.triton.gated_delta_ops import (
     gated_delta_chunked_varlen,
     gated_delta_update,
@@ -125,6 +126,25 @@ def test_update_matches_gated_delta_math(dtype, key_heads, heads, v_dim, l2norm)
     assert o.dtype == dtype
     assert rel_err(o, want_o) < TOL[dtype]
     assert rel_err(states, want_states) < TOL[dtype]
+
+
+def test_update_with_the_large_tiles_of_big_batches():
+    """From 64 requests the decode kernel takes `[Dk, 2 x BLOCK_V]` tiles (Dk 64, Dv 128: one
+    128-column tile instead of two of 64); a permutation of slots, read == write."""
+    rows, heads, k_dim, v_dim = ops.LARGE_TILE_FROM, 2, 64, 128
+    assert ops.update_tiles(k_dim, v_dim, rows)[0] == 2 * ops.update_tiles(k_dim, v_dim, 1)[0]
+    inp = rule_inputs(rows, 1, heads, k_dim, v_dim, torch.float32, seed=7)
+    states = torch.randn(rows + 1, heads, k_dim, v_dim, device=DEVICE) * 0.3
+    slots = torch.randperm(rows + 1)[:rows].tolist()
+    q, k = gated_delta_math.prepare_qk(inp["q"], inp["k"], heads)
+    want_o, new = gated_delta_math.gated_delta_step(q, k, inp["v"], inp["g"], inp["beta"],
+                                                    states[slots])  # fmt: skip
+    want_states = states.clone()
+    want_states[slots] = new
+    o = gated_delta_update(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], states,
+                           int32(slots), int32(slots), k_dim**-0.5, l2norm=True)  # fmt: skip
+    assert rel_err(o, want_o) < TOL[torch.float32]
+    assert rel_err(states, want_states) < TOL[torch.float32]
 
 
 def test_launchers_name_bad_inputs():

@@ -27,7 +27,8 @@ from unified_attn.kernels.ssm import gated_delta_wy as wy_kernels
 from unified_attn.kernels.ssm import ssd_chunked
 
 INT32, FLOAT32 = (torch.int32,), (torch.float32,)
-UPDATE_TILE = 4096  # float32 elements of a decode program's state tile (16 KiB)
+# float32 elements of a decode program's state tile: 32 KiB from 64 requests, 16 KiB below
+UPDATE_TILE, UPDATE_TILE_LARGE, LARGE_TILE_FROM = 4096, 8192, 64
 VARLEN_BLOCK_V = 16  # state columns a token-by-token prefill program keeps in registers
 CHUNK: int = wy_kernels.CHUNK.value  # rows of a chunk of the WY form (64)
 CHUNKED_BLOCK_V = 32  # state columns a chunked-form program keeps in registers (16-bit)
@@ -56,16 +57,21 @@ def gated_delta_update(
     check_slots(op, "write_slots", write_slots, rows, v.device)
     o = torch.empty_like(v)
     if rows:
-        block_v, num_warps = update_tiles(k.shape[2], v.shape[2])
+        block_v, num_warps = update_tiles(k.shape[2], v.shape[2], rows)
         launch_update(q, k, v, g, beta, states, read_slots, write_slots, o, scale, l2norm,
                       block_v, num_warps)  # fmt: skip
     return o
 
 
-def update_tiles(k_dim: int, v_dim: int) -> tuple[int, int]:
-    """(BLOCK_V, num_warps) of the decode kernel: `[Dk, BLOCK_V]` tiles of ~UPDATE_TILE
-    elements, many programs in flight (a memory-bound stream)."""
-    block_v = max(1, min(triton.next_power_of_2(v_dim), UPDATE_TILE // _pow2(k_dim)))
+def update_tiles(k_dim: int, v_dim: int, num_requests: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the decode kernel: `[Dk, BLOCK_V]` tiles of UPDATE_TILE
+    elements, or UPDATE_TILE_LARGE from LARGE_TILE_FROM requests, with 4 warps (a memory-bound
+    stream). H200 sweep at Qwen3-Next's heads (`benchmarks/gated_delta_kernels.py`, CUDA
+    graphs): 128 x 64 tiles take batch 64 from 88 to 76 us and batch 256 from 329 to 286 us
+    against 128 x 32 (narrower tiles and 1-2 warps are slower); smaller batches keep the
+    tiles they were measured with (batch 1: 4.3 us)."""
+    elements = UPDATE_TILE_LARGE if num_requests >= LARGE_TILE_FROM else UPDATE_TILE
+    block_v = max(1, min(triton.next_power_of_2(v_dim), elements // _pow2(k_dim)))
     return block_v, 4
 
 
