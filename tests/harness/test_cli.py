@@ -135,6 +135,9 @@ def test_models_lists_presets_shapes_and_architectures(capsys):
     assert presets["tiny-hybrid"]["layer_kinds"] == "full x1, sliding 32 x2, chunked 64 x1"
     assert "gpt-oss-20b" in {row["name"] for row in report["real_shapes"]}
     assert "LlamaForCausalLM" in report["architectures"]
+    hybrids = {"Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM",
+               "GraniteMoeHybridForCausalLM", "Qwen3NextForCausalLM"}  # fmt: skip
+    assert hybrids <= set(report["architectures"])
     code, out = run(capsys, "models")
     assert code == 0 and "tiny-hybrid" in out.out and "LlamaForCausalLM" in out.out
 

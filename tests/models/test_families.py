@@ -109,3 +109,19 @@ def test_every_preset_and_shape_belongs_to_one_family():
         for config in [*family.presets.values(), *family.shapes.values()]:
             assert family_of(config) is family
             assert family.describe(config)["name"] == config.name
+
+
+def test_every_listed_architecture_is_read_by_a_family():
+    """`unified-attn models` lists what loads: each architecture goes to the family that reads
+    it, the state-space hybrids to theirs (by architecture or, without one, model type)."""
+    from unified_attn.models import supported_architectures
+    from unified_attn.models.families import HYBRIDS, family_for_hf
+
+    for arch in supported_architectures():
+        family = family_for_hf({"architectures": [arch]})
+        hybrid = arch in {"Mamba2ForCausalLM", "BambaForCausalLM", "NemotronHForCausalLM",
+                          "GraniteMoeHybridForCausalLM"}  # fmt: skip
+        assert (family is HYBRIDS) == hybrid, arch
+    assert family_for_hf({"model_type": "nemotron_h"}) is HYBRIDS
+    assert family_for_hf({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}) \
+        is not HYBRIDS

@@ -103,6 +103,19 @@ V4_MODEL_TYPES = ("deepseek_v4",)
 # DeepSeek-V3.2's sparse MLA (`deepseek_v32.py`, `deepseek_v32_hf.is_deepseek_v32`).
 V32_ARCHITECTURES = ("DeepseekV32ForCausalLM",)
 V32_MODEL_TYPES = ("deepseek_v32",)
+# State-space hybrids (`hybrid_hf.py`, the hybrid family)
+HYBRID_ARCHITECTURES = ("BambaForCausalLM", "GraniteMoeHybridForCausalLM", "Mamba2ForCausalLM",
+                        "NemotronHForCausalLM")  # fmt: skip
+HYBRID_MODEL_TYPES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid")
+
+
+def is_hybrid(hf: HFConfig) -> bool:
+    """True when `config.json` names a state-space hybrid (or, without `architectures`, its
+    model type)."""
+    archs = hf.get("architectures")
+    if archs:
+        return archs[0] in HYBRID_ARCHITECTURES
+    return hf.get("model_type", "") in HYBRID_MODEL_TYPES
 
 
 def is_deepseek_v4(hf: HFConfig) -> bool:
@@ -117,7 +130,7 @@ def is_deepseek_v4(hf: HFConfig) -> bool:
 def supported_architectures() -> list[str]:
     """The `architectures` entries of `config.json` that load, sorted (for the CLI's listing)."""
     return sorted([*ARCHITECTURES, *ENCODER_ARCHITECTURES, *MLA_ARCHITECTURES, *V4_ARCHITECTURES,
-                   *V32_ARCHITECTURES])  # fmt: skip
+                   *V32_ARCHITECTURES, *HYBRID_ARCHITECTURES])  # fmt: skip
 
 
 def encoder_family(hf: HFConfig) -> str | None:

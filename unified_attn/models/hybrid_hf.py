@@ -17,7 +17,6 @@ from unified_attn.models.hybrid import HybridModel
 from unified_attn.models.hybrid_config import BlockKind, HybridConfig, HybridMoEConfig, Mamba2Config
 
 HFConfig = dict[str, Any]
-HYBRID_MODEL_TYPES = ("mamba2", "bamba", "nemotron_h", "granitemoehybrid")
 # Nemotron-H's `hybrid_override_pattern` letters and `layers_block_type` names
 NEMOTRON_BLOCKS: dict[str, BlockKind] = {
     "M": "mamba", "*": "attention", "-": "mlp", "E": "moe",

@@ -18,9 +18,10 @@ from unified_attn.models.families.base import (
     kv_cache_options,
     register_family,
 )
+from unified_attn.models.hf_config import is_hybrid
 from unified_attn.models.hybrid import HybridModel
 from unified_attn.models.hybrid_config import HybridConfig
-from unified_attn.models.hybrid_hf import HYBRID_MODEL_TYPES, hybrid_config_from_hf, load_hybrid
+from unified_attn.models.hybrid_hf import hybrid_config_from_hf, load_hybrid
 from unified_attn.models.hybrid_shapes import HYBRID_PRESETS, HYBRID_SHAPES
 from unified_attn.models.tensor_parallel_hybrid import (
     check_hybrid_tensor_parallel,
@@ -50,7 +51,7 @@ class HybridFamily(ModelFamily):
     hf_config_reader = staticmethod(hybrid_config_from_hf)
 
     def reads_hf(self, hf: Mapping[str, Any]) -> bool:
-        return hf.get("model_type") in HYBRID_MODEL_TYPES
+        return is_hybrid(dict(hf))
 
     def attention_kinds(self, config: HybridConfig) -> list[AttentionKind]:
         """Its one attention kind (a model without attention blocks still selects a class;
