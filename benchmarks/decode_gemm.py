@@ -1,0 +1,208 @@
+"""The decode-row GEMM with its fused prologues (`kernels/layers/skinny_gemm.py`) against cuBLAS
+and the unfused kernels, same run, at Llama-3-8B's projections (hidden 4096, q/k/v 6144,
+gate/up 2 x 14336, bf16).
+
+    python benchmarks/decode_gemm.py [--rows 1,2,4,8,16] [--out DIR]
+
+For each row count M, 32 layers of distinct random weights (7 GB: no layer's weights are in L2
+when it starts) chained as a decoder layer without attention, captured in one CUDA graph and
+replayed (CUDA events, median of 5 windows of 10 replays):
+- `library`: the engine's path today: `add_rms_norm`, cuBLAS q/k/v, cuBLAS o (on the first 4096
+  q/k/v columns, standing in for attention), `add_rms_norm`, cuBLAS gate/up, `act_and_mul`,
+  cuBLAS down;
+- `skinny`: the same layer as four launches: `skinny_add_norm_linear` (q/k/v), `skinny_linear`
+  (o), `skinny_add_norm_linear` (gate/up), `skinny_act_linear` (down);
+- `skinny_unfused`: the skinny GEMMs with the norm and activation kernels apart (what the GEMM
+  alone gains).
+The weights' bytes at the device-to-device copy bandwidth of the same run are the ideal; the
+two paths' final hidden states are compared (bf16: the GEMMs accumulate in another order).
+Writes `DIR/decode_gemm.json` and `.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from common import (
+    add_out_argument,
+    capture_graph,
+    make_console,
+    output_dir,
+    pyplot,
+    run_header,
+    save_figure,
+    table,
+    write_json,
+)
+
+SCHEMA = "unified_attn.benchmarks.decode_gemm/v1"
+HIDDEN, QKV, INTER, LAYERS, EPS = 4096, 6144, 14336, 32, 1e-5
+DEVICE, DTYPE = "cuda", torch.bfloat16  # the CPU smoke test runs small float32 layers
+PATHS = ("library", "skinny", "skinny_unfused")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default="1,2,4,8,16")
+    add_out_argument(parser)
+    return parser.parse_args(argv)
+
+
+class Layer:
+    """One layer's weights (DTYPE on DEVICE)."""
+
+    def __init__(self, seed: int) -> None:
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+
+        def randn(*shape: int) -> torch.Tensor:
+            return (0.02 * torch.randn(*shape, generator=gen, device=DEVICE)).to(DTYPE)
+
+        self.qkv, self.o = randn(QKV, HIDDEN), randn(HIDDEN, HIDDEN)
+        self.gate_up, self.down = randn(2 * INTER, HIDDEN), randn(HIDDEN, INTER)
+        self.norm1 = (1 + randn(HIDDEN)).contiguous()
+        self.norm2 = (1 + randn(HIDDEN)).contiguous()
+
+    @property
+    def bytes(self) -> int:
+        return 2 * (self.qkv.numel() + self.o.numel() + self.gate_up.numel() + self.down.numel())
+
+
+def library_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
+    from unified_attn.kernels.layers.activation import act_and_mul
+    from unified_attn.kernels.layers.norm import add_rms_norm, rms_norm
+
+    if res is None:
+        x, res = rms_norm(h, layer.norm1, EPS, "llama"), h
+    else:
+        x, res = add_rms_norm(h, res, layer.norm1, EPS, "llama")
+    qkv = torch.matmul(x, layer.qkv.t())
+    o = torch.matmul(qkv[:, :HIDDEN], layer.o.t())
+    x, res = add_rms_norm(o, res, layer.norm2, EPS, "llama")
+    return torch.matmul(act_and_mul(torch.matmul(x, layer.gate_up.t()), "silu"),
+                        layer.down.t()), res  # fmt: skip
+
+
+def skinny_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
+    from unified_attn.kernels.layers import skinny_gemm as sk
+
+    qkv, res = sk.skinny_add_norm_linear(h, res, layer.norm1, EPS, "llama", layer.qkv)
+    o = sk.skinny_linear(qkv[:, :HIDDEN], layer.o)
+    gate_up, res = sk.skinny_add_norm_linear(o, res, layer.norm2, EPS, "llama", layer.gate_up)
+    return sk.skinny_act_linear(gate_up, "silu", layer.down), res
+
+
+def skinny_unfused_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
+    from unified_attn.kernels.layers import skinny_gemm as sk
+    from unified_attn.kernels.layers.activation import act_and_mul
+    from unified_attn.kernels.layers.norm import add_rms_norm, rms_norm
+
+    if res is None:
+        x, res = rms_norm(h, layer.norm1, EPS, "llama"), h
+    else:
+        x, res = add_rms_norm(h, res, layer.norm1, EPS, "llama")
+    o = sk.skinny_linear(sk.skinny_linear(x, layer.qkv)[:, :HIDDEN], layer.o)
+    x, res = add_rms_norm(o, res, layer.norm2, EPS, "llama")
+    gate_up = sk.skinny_linear(x, layer.gate_up)
+    return sk.skinny_linear(act_and_mul(gate_up, "silu"), layer.down), res
+
+
+LAYER_FNS: dict[str, Callable[..., Any]] = {
+    "library": library_layer, "skinny": skinny_layer, "skinny_unfused": skinny_unfused_layer,
+}  # fmt: skip
+
+
+def run_model(path: str, layers: list[Layer], x: torch.Tensor, out: torch.Tensor) -> None:
+    h, res = x, None
+    for layer in layers:
+        h, res = LAYER_FNS[path](layer, h, res)
+    out.copy_(h + res)
+
+
+def replay_ms(graph: Any) -> float:
+    windows = []
+    for _ in range(6):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(10):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        windows.append(start.elapsed_time(end) / 10)
+    return statistics.median(windows[1:])
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    graph = capture_graph([lambda: dst.copy_(src)])
+    return 2 * src.numel() / (replay_ms(graph) * 1e-3)
+
+
+def measure_rows(rows: int, layers: list[Layer], copy_bw: float) -> dict[str, Any]:
+    x = (0.5 * torch.randn(rows, HIDDEN, device="cuda")).bfloat16()
+    outs = {path: torch.empty_like(x) for path in PATHS}
+    times = {}
+    for path in PATHS:
+        graph = capture_graph([lambda p=path: run_model(p, layers, x, outs[p])])
+        times[path] = replay_ms(graph)
+    ideal = sum(layer.bytes for layer in layers) / copy_bw * 1e3
+    ref = outs["library"].float()
+    diff = {p: ((outs[p].float() - ref).abs().max() / ref.abs().max()).item() for p in PATHS}
+    return {"rows": rows, "ideal_ms": ideal, "ms": times,
+            "fraction_of_ideal": {p: ideal / t for p, t in times.items()},
+            "library_over_skinny": times["library"] / times["skinny"],
+            "max_rel_diff_vs_library": diff}  # fmt: skip
+
+
+def report(results: dict[str, Any], console: Any) -> None:
+    t = table("decode layers without attention, 32 layers, one CUDA graph (ms; H = ideal)",
+              ["rows", "ideal", *PATHS, "library/skinny", "max rel diff"])  # fmt: skip
+    for r in results["rows"]:
+        t.add_row(str(r["rows"]), f"{r['ideal_ms']:.3f}",
+                  *(f"{r['ms'][p]:.3f} ({r['fraction_of_ideal'][p]:.0%})" for p in PATHS),
+                  f"{r['library_over_skinny']:.3f}",
+                  f"{max(r['max_rel_diff_vs_library'].values()):.1e}")  # fmt: skip
+    console.print(t)
+
+
+def plot(results: dict[str, Any], path: Any, console: Any) -> None:
+    plt = pyplot(console)
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rows = [r["rows"] for r in results["rows"]]
+    for p in PATHS:
+        ax.plot(rows, [r["fraction_of_ideal"][p] for r in results["rows"]], marker="o", label=p)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("decode rows")
+    ax.set_ylabel("fraction of the weights' copy time")
+    ax.set_title("Llama-3-8B layers without attention (H200, bf16)")
+    ax.legend()
+    save_figure(fig, path, 120)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/decode_gemm.py needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    console = make_console(140)
+    copy_bw = copy_bandwidth()
+    layers = [Layer(seed) for seed in range(LAYERS)]
+    rows = [measure_rows(int(m), layers, copy_bw) for m in args.rows.split(",")]
+    results = {**run_header(SCHEMA, "decode_gemm.py", False, argv),
+               "copy_bandwidth_bytes_per_s": copy_bw, "rows": rows}  # fmt: skip
+    out = output_dir(args)
+    write_json(out / "decode_gemm.json", results)
+    plot(results, out / "decode_gemm.png", console)
+    report(results, console)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

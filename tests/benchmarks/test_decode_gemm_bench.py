@@ -1,0 +1,31 @@
+"""Smoke tests of `benchmarks/decode_gemm.py` on the CPU (the kernels in Triton's interpreter,
+small float32 layers): the three paths of a layer give the same hidden states, and the script
+refuses to run without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.benchmarks.smoke import assert_refuses_without_cuda
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_gemm.py"
+
+
+def test_the_three_paths_agree(bench, monkeypatch):
+    for name, value in (("HIDDEN", 64), ("QKV", 96), ("INTER", 80), ("DEVICE", "cpu"),
+                        ("DTYPE", torch.float32)):  # fmt: skip
+        monkeypatch.setattr(bench, name, value)
+    layers = [bench.Layer(seed) for seed in range(2)]
+    x = torch.randn(3, 64)
+    outs = {path: torch.empty_like(x) for path in bench.PATHS}
+    for path in bench.PATHS:
+        bench.run_model(path, layers, x, outs[path])
+    for path in ("skinny", "skinny_unfused"):
+        torch.testing.assert_close(outs[path], outs["library"], rtol=1e-5, atol=1e-5)
+
+
+def test_refuses_without_cuda(bench, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert_refuses_without_cuda(bench, tmp_path, capsys)
