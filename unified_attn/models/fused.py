@@ -6,6 +6,11 @@ Triton kernels of `kernels/layers` (CUDA), one projection GEMM per packed group
 `DecoderModel` turns the kernels on when it is built on CUDA outside batch-invariant mode, unless
 `UNIFIED_ATTN_FUSED_LAYERS=0` (`fused_by_default`; the GPU suites pass with them on an H200). A
 layer that can fuse offers `set_fused(enabled)` (`Fusable`).
+
+With `UNIFIED_ATTN_SKINNY_GEMM=1` (off by default until `benchmarks/decode_gemm.py` measures it
+faster on the GPU) a fused decoder layer over at most 16 rows (decode steps) runs its
+projections through `kernels/layers/skinny_gemm.py`: the residual add and RMSNorm fused into the
+q/k/v and gate/up GEMMs, the gated activation into the down GEMM (`skinny_rows`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,19 @@ class Fusable(Protocol):
     def set_fused(self, enabled: bool) -> None: ...
 
 
+class NormParams(Protocol):
+    """What a fused norm reads of an RMSNorm layer."""
+
+    @property
+    def weight(self) -> torch.Tensor: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def style(self) -> str: ...
+
+
 FUSED_VARIABLE = "UNIFIED_ATTN_FUSED_LAYERS"
+SKINNY_VARIABLE = "UNIFIED_ATTN_SKINNY_GEMM"
 
 
 def fused_by_default() -> bool:
@@ -35,6 +52,24 @@ def fused_by_default() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"{FUSED_VARIABLE}={value!r}: expected 0 or 1")
     return value == "1"
+
+
+def skinny_by_default() -> bool:
+    """Whether fused layers take the decode-row GEMMs: only with `UNIFIED_ATTN_SKINNY_GEMM=1`
+    ("0" or unset: no; any other value is refused)."""
+    value = os.environ.get(SKINNY_VARIABLE, "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"{SKINNY_VARIABLE}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def skinny_rows(x: torch.Tensor, norm_weight: torch.Tensor | None = None) -> bool:
+    """Whether x `[M, K]` suits the decode-row GEMM: 1 to `MAX_ROWS` contiguous rows (and a
+    norm weight of x's dtype, when a norm is fused before it)."""
+    from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS
+
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.is_contiguous()
+            and (norm_weight is None or norm_weight.dtype == x.dtype))  # fmt: skip
 
 
 def set_fused_layers(model: nn.Module, enabled: bool) -> None:
@@ -79,9 +114,14 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x `[..., K]` -> `[..., sum(sizes)]`: the layers' outputs side by side."""
+        weight, bias = self.parameters_now()
+        return nn.functional.linear(x, weight, bias)
+
+    def parameters_now(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The packed weight and bias, packed again first if a parameter was replaced."""
         if not self.is_current():
             self._pack()
-        return nn.functional.linear(x, self.weight, self.bias)
+        return self.weight, self.bias
 
 
 def _pack_rows(params: Sequence[torch.Tensor | None], sizes: list[int]) -> torch.Tensor:

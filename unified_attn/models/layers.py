@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -11,10 +12,10 @@ from torch import nn
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.kernels.layers import norm as norm_kernels
 from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
-from unified_attn.models.fused import PackedLinear
+from unified_attn.models.fused import PackedLinear, skinny_by_default, skinny_rows
 from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.linear_attention import LinearAttention
-from unified_attn.models.mlp import make_mlp
+from unified_attn.models.mlp import MLP, make_mlp
 from unified_attn.models.rope import RotaryEmbedding
 
 # Parameter-name suffixes kept in float32 whatever the model dtype (sinks: the backend contract).
@@ -105,7 +106,8 @@ class Attention(nn.Module):
     With `attn_output_gate` (Qwen3-Next) `q_proj` gives each head's query then its gate.
     `rotary_emb=None`: a NoPE layer (Llama 4), whose queries `attn_temperature` scales; the
     RoPE layers' q and k are L2-normed after RoPE with `qk_l2_norm`. Fused (`set_fused`):
-    separate q/k/v_proj run as one GEMM (`PackedLinear`, their parameters keep their names)."""
+    separate q/k/v_proj run as one GEMM (`PackedLinear`, their parameters keep their names);
+    with `skinny` decode rows take the decode-row GEMMs (`forward_normed`, `models/fused.py`)."""
 
     sinks: nn.Parameter | None
     kv_scales: torch.Tensor | None
@@ -151,11 +153,13 @@ class Attention(nn.Module):
         # state dict, so checkpoints without them load unchanged
         self.register_buffer("kv_scales", None, persistent=False)
         self.packed = None
+        self.skinny = False
 
     def set_fused(self, enabled: bool) -> None:
         if enabled and not self.fused_qkv and self.packed is None:
             self.packed = PackedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.fused = enabled
+        self.skinny = enabled and skinny_by_default()
 
     def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden `[T, hidden_size]` -> q `[T, Hq * D]` (with its gates: `[T, Hq * 2D]`), k
@@ -170,9 +174,35 @@ class Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """positions `[T]`, hidden `[T, hidden_size]` -> `[T, hidden_size]`."""
+        return self._attend(positions, hidden, *self._project(hidden))
+
+    def forward_normed(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+        norm: RMSNorm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`(forward(norm(hidden + residual)), hidden + residual)` with the add, the norm and
+        the q/k/v GEMM in one launch (`skinny_add_norm_linear`: decode rows, `skinny`)."""
+        from unified_attn.kernels.layers.skinny_gemm import skinny_add_norm_linear
+
+        weight: torch.Tensor
+        bias: torch.Tensor | None
+        if self.fused_qkv:
+            weight, bias, sizes = self.qkv_proj.weight, self.qkv_proj.bias, self.split_sizes
+        else:
+            assert self.packed is not None, "forward_normed: set_fused(True) first"
+            (weight, bias), sizes = self.packed.parameters_now(), self.packed.sizes
+        qkv, residual = skinny_add_norm_linear(hidden, residual, norm.weight, norm.eps,
+                                               norm.style, weight, bias)  # fmt: skip
+        q, k, v = qkv.split(sizes, dim=-1)
+        return self._attend(positions, hidden, q, k, v), residual
+
+    def _attend(
+        self, positions: torch.Tensor, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """The projected q, k, v of `hidden`'s rows through the backend and `o_proj`."""
         lc = self.layer_config
         num_tokens = hidden.shape[0]
-        q, k, v = self._project(hidden)
         gate = None
         if self.output_gate:  # [T, Hq, 2D]: each head's query, then its gate
             q, gate = q.view(num_tokens, lc.num_heads, 2 * lc.head_size).chunk(2, dim=-1)
@@ -191,6 +221,10 @@ class Attention(nn.Module):
         self.backend.forward(lc, output, q, k, v, **extra)
         if gate is not None:
             output = output * torch.sigmoid(gate.reshape(num_tokens, -1))
+        if self.skinny and type(self.o_proj) is nn.Linear and skinny_rows(output):
+            from unified_attn.kernels.layers.skinny_gemm import skinny_linear
+
+            return skinny_linear(output, self.o_proj.weight, self.o_proj.bias)
         return self.o_proj(output)
 
     def _position(
@@ -256,6 +290,11 @@ class DecoderLayer(nn.Module):
         """`(out, residual)`: the layer's output before its last residual add, and the residual
         stream so far; the next norm adds them (`RMSNorm.forward_residual`, one kernel when
         fused). `residual=None` on the first layer: `hidden` is the stream itself."""
+        if self._skinny(hidden, residual):
+            attention = cast(Attention, self.self_attn)
+            attn, residual = attention.forward_normed(positions, hidden, residual,
+                                                      self.input_layernorm)  # fmt: skip
+            return self._mlp_normed(attn, residual)
         if residual is None:
             residual, normed = hidden, self.input_layernorm(hidden)
         else:
@@ -267,3 +306,19 @@ class DecoderLayer(nn.Module):
         attn = self.post_attention_layernorm(attn)
         normed, residual = self.pre_feedforward_layernorm.forward_residual(attn, residual)
         return self.post_feedforward_layernorm(self.mlp(normed)), residual
+
+    def _skinny(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Decode rows of a pre-norm attention layer on the decode-row GEMMs."""
+        attn = self.self_attn
+        return (isinstance(attn, Attention) and attn.skinny and not self.post_norms
+                and skinny_rows(hidden, self.input_layernorm.weight)
+                and (residual is None or residual.dtype == hidden.dtype))  # fmt: skip
+
+    def _mlp_normed(
+        self, attn: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm = self.post_attention_layernorm
+        if isinstance(self.mlp, MLP) and self.mlp.skinny and skinny_rows(attn, norm.weight):
+            return self.mlp.forward_normed(attn, residual, norm)
+        normed, residual = norm.forward_residual(attn, residual)
+        return self.mlp(normed), residual

@@ -9,7 +9,7 @@ from torch import nn
 
 from unified_attn.kernels.layers.activation import act_and_mul
 from unified_attn.models.config import ModelConfig
-from unified_attn.models.fused import PackedLinear
+from unified_attn.models.fused import NormParams, PackedLinear, skinny_by_default
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +45,7 @@ class MLP(nn.Module):
         hidden, inter = hidden_size, intermediate_size
         self.act, self.kind = ACTIVATIONS[kind], kind
         self.fused_gate_up, self.fused, self.packed = fused_gate_up, False, None
+        self.skinny = False
         if fused_gate_up:
             self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
         else:
@@ -56,6 +57,31 @@ class MLP(nn.Module):
         if enabled and not self.fused_gate_up and self.packed is None:
             self.packed = PackedLinear([self.gate_proj, self.up_proj])
         self.fused = enabled
+        self.skinny = enabled and skinny_by_default()
+
+    def forward_normed(
+        self, hidden: torch.Tensor, residual: torch.Tensor, norm: NormParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(forward(norm(hidden + residual)), hidden + residual)` on the decode-row GEMMs: the
+        add and the norm fused into gate/up, the activation into down (`skinny`)."""
+        from unified_attn.kernels.layers.skinny_gemm import (
+            skinny_act_linear,
+            skinny_add_norm_linear,
+        )
+
+        weight: torch.Tensor
+        bias: torch.Tensor | None
+        if self.packed is None:
+            weight, bias = self.gate_up_proj.weight, self.gate_up_proj.bias
+        else:
+            weight, bias = self.packed.parameters_now()
+        gate_up, residual = skinny_add_norm_linear(hidden, residual, norm.weight, norm.eps,
+                                                   norm.style, weight, bias)  # fmt: skip
+        activation = KERNEL_ACTIVATIONS[self.kind]
+        if type(self.down_proj) is nn.Linear:  # not tensor-parallel (RowParallelLinear)
+            down = self.down_proj
+            return skinny_act_linear(gate_up, activation, down.weight, down.bias), residual
+        return self.down_proj(act_and_mul(gate_up, activation)), residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
