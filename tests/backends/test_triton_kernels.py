@@ -130,6 +130,17 @@ def test_split_kv_decode_matches(sinks, window):
              sinks=sinks, window=window, split=SplitPlan(num_segments=4, segment=32))  # fmt: skip
 
 
+@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("window", [None, 20])
+def test_a_plan_sized_for_long_requests_spreads_short_ones(sinks, window):
+    """A decode graph keeps the split plan of `max_model_len`: each request splits its own keys
+    into the plan's segments (whole tiles, at most the plan's length), here 1 to 130 keys over
+    8 segments planned at 512 keys each."""
+    computed, new = [70, 3, 129, 0], [1, 1, 1, 1]
+    run_case(hq=4, hkv=2, d=64, bs=16, computed=computed, new=new, dtype=DTYPES[0],
+             sinks=sinks, window=window, split=SplitPlan(num_segments=8, segment=512))  # fmt: skip
+
+
 @pytest.mark.skipif(not GPU, reason="long contexts are too slow for the CPU interpreter")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window", [None, 1024])

@@ -8,9 +8,11 @@ KV loop. Query j of a causal sequence sits at position `seq_len - q_len + j` (a 
 come last); non-causal sequences (encoder self-attention, cross-attention) number their queries
 from 0, so a query chunk may be longer than its keys (cross-attention) and every query row still
 sees keys `[0, seq_len)` under no window or chunk. With NUM_SEGMENTS > 1 (split-KV, decode),
-segment s covers keys `[s * segment_len, (s + 1) * segment_len)` (the last one everything after)
-and stores an unnormalised partial result that `merge_segments_kernel` (`merge_segments.py`)
-combines.
+segment s covers keys `[s * L, (s + 1) * L)` (the last one everything after), L the request's
+own share, `cdiv(keys, NUM_SEGMENTS)` rounded up to whole tiles, at most `segment_len` (the
+plan's, sized for the longest request it may see: a decode graph is captured with the plan of
+`max_model_len`, and a short request still spreads over every segment), and stores an
+unnormalised partial result that `merge_segments_kernel` (`merge_segments.py`) combines.
 
 An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
 to the dot dtype (exact: every e4m3 value is a float16/bfloat16/float32 value): the query dtype,
@@ -172,7 +174,7 @@ def unified_attention_kernel(
     soft_cap,
     num_seqs,
     num_q_heads,
-    segment_len,  # keys per split-KV segment (runtime: no recompile per context length)
+    segment_len,  # the most keys a split-KV segment takes (runtime: no recompile per length)
     v_minus_k,  # elements from the K view's start to the V view's (SHARED_KV_OFFSETS)
     stride_qt,
     stride_qh,
@@ -260,10 +262,12 @@ def unified_attention_kernel(
         sink_hi = tl.minimum(SINK_TOKENS, key_hi)
         key_lo = tl.maximum(key_lo, sink_hi)
     if NUM_SEGMENTS > 1:
-        seg_lo = segment * segment_len
+        share = tl.cdiv(tl.cdiv(key_hi, NUM_SEGMENTS), TILE) * TILE  # whole tiles
+        seg_len = tl.minimum(segment_len, share)
+        seg_lo = segment * seg_len
         seg_hi = key_hi
         if segment < NUM_SEGMENTS - 1:  # the last segment takes every key left
-            seg_hi = tl.minimum(key_hi, (segment + 1) * segment_len)
+            seg_hi = tl.minimum(key_hi, (segment + 1) * seg_len)
         key_lo = tl.maximum(key_lo, seg_lo)
         key_hi = seg_hi
         sink_lo = tl.maximum(sink_lo, seg_lo)
