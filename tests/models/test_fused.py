@@ -105,12 +105,8 @@ def test_float16_fused_decoder_stays_within_rounding():
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
 
-def count_launches(monkeypatch) -> Counter:
-    """Calls of each fused launcher the model layers make."""
-    calls: Counter = Counter()
-    targets = [(layers_module.norm_kernels, "rms_norm"), (layers_module.norm_kernels,
-               "add_rms_norm"), (mlp_module, "act_and_mul"), (rope_module, "apply_rotary"),
-               (rope_module.RotaryEmbedding, "cos_sin_table")]  # fmt: skip
+def spy_on(monkeypatch, targets, calls: Counter) -> Counter:
+    """Count the calls of each `(owner, name)` of `targets` in `calls`."""
     for owner, name in targets:
         original = getattr(owner, name)
 
@@ -120,6 +116,14 @@ def count_launches(monkeypatch) -> Counter:
 
         monkeypatch.setattr(owner, name, spy)
     return calls
+
+
+def count_launches(monkeypatch) -> Counter:
+    """Calls of each fused launcher the model layers make."""
+    targets = [(layers_module.norm_kernels, "rms_norm"), (layers_module.norm_kernels,
+               "add_rms_norm"), (mlp_module, "act_and_mul"), (rope_module, "apply_rotary"),
+               (rope_module.RotaryEmbedding, "cos_sin_table")]  # fmt: skip
+    return spy_on(monkeypatch, targets, Counter())
 
 
 def test_one_kernel_per_norm_activation_and_rope_and_one_rope_table_per_step(monkeypatch):

@@ -11,23 +11,10 @@ import pytest
 import torch
 
 from tests.models.prefill import greedy_decode, prefill_logits
-from tests.models.test_fused import CONFIGS, LLAMA, PROMPTS, make_model
+from tests.models.test_fused import CONFIGS, LLAMA, PROMPTS, make_model, spy_on
 from unified_attn.kernels.layers import skinny_gemm
 
 SKINNY = ("skinny_add_norm_linear", "skinny_linear", "skinny_act_linear")
-
-
-def spy_on(monkeypatch, targets, calls: Counter) -> Counter:
-    """Count the calls of each `(owner, name)` of `targets` in `calls`."""
-    for owner, name in targets:
-        original = getattr(owner, name)
-
-        def spy(*args, _original=original, _name=name, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, spy)
-    return calls
 
 
 @pytest.fixture
