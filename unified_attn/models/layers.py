@@ -221,11 +221,13 @@ class Attention(nn.Module):
         self.backend.forward(lc, output, q, k, v, **extra)
         if gate is not None:
             output = output * torch.sigmoid(gate.reshape(num_tokens, -1))
-        if self.skinny and type(self.o_proj) is nn.Linear and skinny_rows(output):
+        o_proj = self.o_proj
+        if (self.skinny and type(o_proj) is nn.Linear and o_proj.weight.dtype == output.dtype
+                and skinny_rows(output)):  # fmt: skip
             from unified_attn.kernels.layers.skinny_gemm import skinny_linear
 
-            return skinny_linear(output, self.o_proj.weight, self.o_proj.bias)
-        return self.o_proj(output)
+            return skinny_linear(output, o_proj.weight, o_proj.bias)
+        return o_proj(output)
 
     def _position(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
