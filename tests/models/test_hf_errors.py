@@ -14,6 +14,7 @@ from unified_attn.models import load_hf_model, supported_architectures
 from unified_attn.models.hf_config import config_from_hf
 
 SUPPORTED = [
+    "BambaForCausalLM",
     "BartForConditionalGeneration",
     "BartModel",
     "BertForMaskedLM",
@@ -25,10 +26,13 @@ SUPPORTED = [
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "GptOssForCausalLM",
+    "GraniteMoeHybridForCausalLM",
     "Llama4ForCausalLM",
     "LlamaForCausalLM",
+    "Mamba2ForCausalLM",
     "MistralForCausalLM",
     "MixtralForCausalLM",
+    "NemotronHForCausalLM",
     "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM",
@@ -244,7 +248,7 @@ def test_unsupported_architecture_behind_a_supported_label(tmp_path):
     pattern = (
         r"architecture 'LlamaForCausalLM' named in config.json has no place for its weights "
         r".*the checkpoint's architecture is not supported "
-        r"\(supported: BartForConditionalGeneration"
+        r"\(supported: BambaForCausalLM, BartForConditionalGeneration"
     )
     with pytest.raises(ValueError, match=pattern):
         load(path)

@@ -9,10 +9,8 @@ come last); non-causal sequences (encoder self-attention, cross-attention) numbe
 from 0, so a query chunk may be longer than its keys (cross-attention) and every query row still
 sees keys `[0, seq_len)` under no window or chunk. With NUM_SEGMENTS > 1 (split-KV, decode),
 segment s covers keys `[s * L, (s + 1) * L)` (the last one everything after), L the request's
-own share, `cdiv(keys, NUM_SEGMENTS)` rounded up to whole tiles, at most `segment_len` (the
-plan's, sized for the longest request it may see: a decode graph is captured with the plan of
-`max_model_len`, and a short request still spreads over every segment), and stores an
-unnormalised partial result that `merge_segments_kernel` (`merge_segments.py`) combines.
+share in whole tiles, at most the plan's `segment_len` (a graph keeps the plan of
+`max_model_len`), and stores a partial result that `merge_segments.py` combines.
 
 An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
 to the dot dtype (exact: every e4m3 value is a float16/bfloat16/float32 value): the query dtype,
