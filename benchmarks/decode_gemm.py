@@ -40,6 +40,10 @@ from common import (
     write_json,
 )
 
+from unified_attn.kernels.layers import skinny_gemm as sk
+from unified_attn.kernels.layers.activation import act_and_mul
+from unified_attn.kernels.layers.norm import add_rms_norm, rms_norm
+
 SCHEMA = "unified_attn.benchmarks.decode_gemm/v1"
 HIDDEN, QKV, INTER, LAYERS, EPS = 4096, 6144, 14336, 32, 1e-5
 DEVICE, DTYPE = "cuda", torch.bfloat16  # the CPU smoke test runs small float32 layers
@@ -72,14 +76,15 @@ class Layer:
         return 2 * (self.qkv.numel() + self.o.numel() + self.gate_up.numel() + self.down.numel())
 
 
-def library_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
-    from unified_attn.kernels.layers.activation import act_and_mul
-    from unified_attn.kernels.layers.norm import add_rms_norm, rms_norm
-
+def add_norm(h: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor) -> Any:
+    """The layer's residual add and norm as the unfused kernels run them (no residual at first)."""
     if res is None:
-        x, res = rms_norm(h, layer.norm1, EPS, "llama"), h
-    else:
-        x, res = add_rms_norm(h, res, layer.norm1, EPS, "llama")
+        return rms_norm(h, weight, EPS, "llama"), h
+    return add_rms_norm(h, res, weight, EPS, "llama")
+
+
+def library_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
+    x, res = add_norm(h, res, layer.norm1)
     qkv = torch.matmul(x, layer.qkv.t())
     o = torch.matmul(qkv[:, :HIDDEN], layer.o.t())
     x, res = add_rms_norm(o, res, layer.norm2, EPS, "llama")
@@ -88,8 +93,6 @@ def library_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> An
 
 
 def skinny_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
-    from unified_attn.kernels.layers import skinny_gemm as sk
-
     qkv, res = sk.skinny_add_norm_linear(h, res, layer.norm1, EPS, "llama", layer.qkv)
     o = sk.skinny_linear(qkv[:, :HIDDEN], layer.o)
     gate_up, res = sk.skinny_add_norm_linear(o, res, layer.norm2, EPS, "llama", layer.gate_up)
@@ -97,14 +100,7 @@ def skinny_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any
 
 
 def skinny_unfused_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
-    from unified_attn.kernels.layers import skinny_gemm as sk
-    from unified_attn.kernels.layers.activation import act_and_mul
-    from unified_attn.kernels.layers.norm import add_rms_norm, rms_norm
-
-    if res is None:
-        x, res = rms_norm(h, layer.norm1, EPS, "llama"), h
-    else:
-        x, res = add_rms_norm(h, res, layer.norm1, EPS, "llama")
+    x, res = add_norm(h, res, layer.norm1)
     o = sk.skinny_linear(sk.skinny_linear(x, layer.qkv)[:, :HIDDEN], layer.o)
     x, res = add_rms_norm(o, res, layer.norm2, EPS, "llama")
     gate_up = sk.skinny_linear(x, layer.gate_up)

@@ -85,3 +85,18 @@ def test_the_setting_is_off_by_default_and_validated(monkeypatch):
     monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM", "on")
     with pytest.raises(ValueError, match="UNIFIED_ATTN_SKINNY_GEMM='on': expected 0 or 1"):
         make_model(LLAMA, fused=True)
+
+
+def test_a_bad_setting_is_refused_on_every_device(monkeypatch, capsys):
+    """Read when any `DecoderModel` is built, not only a fused one on CUDA; the CLI says so in
+    one line with exit code 2."""
+    from unified_attn.cli import main as cli_main
+
+    monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM", "on")
+    with pytest.raises(ValueError, match="UNIFIED_ATTN_SKINNY_GEMM='on'"):
+        make_model(LLAMA)
+    assert cli_main(["run", "--max-tokens", "2", "--num-requests", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["unified-attn run: error: UNIFIED_ATTN_SKINNY_GEMM='on': expected 0 or 1"]
+    monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM", "0")
+    make_model(LLAMA)  # the same process builds models again

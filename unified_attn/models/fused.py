@@ -22,6 +22,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS
+
 
 @runtime_checkable
 class Fusable(Protocol):
@@ -66,8 +68,6 @@ def skinny_by_default() -> bool:
 def skinny_rows(x: torch.Tensor, norm_weight: torch.Tensor | None = None) -> bool:
     """Whether x `[M, K]` suits the decode-row GEMM: 1 to `MAX_ROWS` contiguous rows (and a
     norm weight of x's dtype, when a norm is fused before it)."""
-    from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS
-
     return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.is_contiguous()
             and (norm_weight is None or norm_weight.dtype == x.dtype))  # fmt: skip
 

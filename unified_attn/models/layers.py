@@ -12,7 +12,7 @@ from torch import nn
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.kernels.layers import norm as norm_kernels
 from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
-from unified_attn.models.fused import PackedLinear, skinny_by_default, skinny_rows
+from unified_attn.models.fused import NormParams, PackedLinear, skinny_by_default, skinny_rows
 from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import MLP, make_mlp
@@ -178,7 +178,7 @@ class Attention(nn.Module):
 
     def forward_normed(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-        norm: RMSNorm,
+        norm: NormParams,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """`(forward(norm(hidden + residual)), hidden + residual)` with the add, the norm and
         the q/k/v GEMM in one launch (`skinny_add_norm_linear`: decode rows, `skinny`)."""
