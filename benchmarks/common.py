@@ -41,6 +41,14 @@ def add_out_argument(parser: Any) -> None:
     )
 
 
+def csv_ints(text: str) -> list[int]:
+    """An argparse type: positive integers separated by commas ("1,64,256")."""
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise ValueError(text)
+    return values
+
+
 def output_dir(args: Any) -> Path:
     return Path(args.out or (QUICK_DIR if getattr(args, "quick", False) else RESULTS_DIR))
 

@@ -31,6 +31,7 @@ import torch
 from common import (
     add_out_argument,
     capture_graph,
+    csv_ints,
     make_console,
     output_dir,
     pyplot,
@@ -52,9 +53,13 @@ PATHS = ("library", "skinny", "skinny_unfused")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="1,2,4,8,16")
+    parser.add_argument("--rows", type=csv_ints, default=[1, 2, 4, 8, 16],
+                        help="decode row counts, 1 to 16, comma-separated")  # fmt: skip
     add_out_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if max(args.rows) > 16:
+        parser.error(f"--rows: at most 16 (the decode-row GEMM's limit), got {max(args.rows)}")
+    return args
 
 
 class Layer:
@@ -190,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = make_console(140)
     copy_bw = copy_bandwidth()
     layers = [Layer(seed) for seed in range(LAYERS)]
-    rows = [measure_rows(int(m), layers, copy_bw) for m in args.rows.split(",")]
+    rows = [measure_rows(m, layers, copy_bw) for m in args.rows]
     results = {**run_header(SCHEMA, "decode_gemm.py", False, argv),
                "copy_bandwidth_bytes_per_s": copy_bw, "rows": rows}  # fmt: skip
     out = output_dir(args)

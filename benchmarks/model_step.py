@@ -32,7 +32,14 @@ from typing import Any
 
 import attrs
 import torch
-from common import add_out_argument, make_console, output_dir, run_header, write_json
+from common import (
+    add_out_argument,
+    csv_ints,
+    make_console,
+    output_dir,
+    run_header,
+    write_json,
+)
 from model_step_device import install_peer_replay
 from model_step_report import plot, print_config, print_speedups
 from model_step_run import Settings, measure
@@ -53,13 +60,6 @@ if __name__ in ("__main__", "__mp_main__"):
 
 
 # ---- options ------------------------------------------------------------------------------------
-
-
-def csv_ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or min(values) < 1:
-        raise ValueError(text)
-    return values
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

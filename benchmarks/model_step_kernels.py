@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from common import (
     add_out_argument,
+    csv_ints,
     make_console,
     output_dir,
     pyplot,
@@ -64,7 +65,7 @@ def group_of(name: str) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama-3-8b")
-    parser.add_argument("--batches", default="1,64,256")
+    parser.add_argument("--batches", type=csv_ints, default=[1, 64, 256])
     parser.add_argument("--max-model-len", type=int, default=8208,
                         help="the engine's (model_step.py's with 8k prefills: 8208)")  # fmt: skip
     add_out_argument(parser)
@@ -169,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     device = torch.device("cuda")
     ceilings = probe(device, torch.bfloat16)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     engine = LLMEngine(args.model, device="cuda", max_num_seqs=max(batches),
                        max_model_len=args.max_model_len, max_num_batched_tokens=8192,
                        gpu_memory_utilization=0.85)  # fmt: skip
