@@ -1,22 +1,18 @@
-"""The decode-row GEMM with its fused prologues (`kernels/layers/skinny_gemm.py`) against cuBLAS
-and the unfused kernels, same run, at Llama-3-8B's projections (hidden 4096, q/k/v 6144,
-gate/up 2 x 14336, bf16).
+"""The decode-row GEMM (`kernels/layers/skinny_gemm.py`) against cuBLAS, same run, at
+Llama-3-8B's projections (hidden 4096, q/k/v 6144, gate/up 2 x 14336, bf16).
 
     python benchmarks/decode_gemm.py [--rows 1,2,4,8,16] [--out DIR]
 
-For each row count M, 32 layers of distinct random weights (7 GB: no layer's weights are in L2
+For each row count M, 32 layers of distinct random weights (14 GB: no layer's weights are in L2
 when it starts) chained as a decoder layer without attention, captured in one CUDA graph and
 replayed (CUDA events, median of 5 windows of 10 replays):
-- `library`: the engine's path today: `add_rms_norm`, cuBLAS q/k/v, cuBLAS o (on the first 4096
-  q/k/v columns, standing in for attention), `add_rms_norm`, cuBLAS gate/up, `act_and_mul`,
-  cuBLAS down;
-- `skinny`: the same layer as four launches: `skinny_add_norm_linear` (q/k/v), `skinny_linear`
-  (o), `skinny_add_norm_linear` (gate/up), `skinny_act_linear` (down);
-- `skinny_unfused`: the skinny GEMMs with the norm and activation kernels apart (what the GEMM
-  alone gains).
-The weights' bytes at the device-to-device copy bandwidth of the same run are the ideal; the
-two paths' final hidden states are compared (bf16: the GEMMs accumulate in another order).
-Writes `DIR/decode_gemm.json` and `.png`.
+- `library`: the engine's path without the decode-row GEMM: `add_rms_norm`, cuBLAS q/k/v,
+  cuBLAS o (on the first 4096 q/k/v columns, standing in for attention), `add_rms_norm`, cuBLAS
+  gate/up, `act_and_mul`, cuBLAS down;
+- `skinny`: the same kernels with the four GEMMs on `skinny_linear`.
+The weights' bytes at the device-to-device copy bandwidth, measured after the layers (a warm
+GPU), are the ideal; the two paths' final hidden states are compared (bf16: the GEMMs
+accumulate in another order). Writes `DIR/decode_gemm.json` and `.png`.
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ from common import (
     table,
     write_json,
 )
+from model_step_device import copy_bandwidth
 
 from unified_attn.kernels.layers import skinny_gemm as sk
 from unified_attn.kernels.layers.activation import act_and_mul
@@ -48,7 +45,7 @@ from unified_attn.kernels.layers.norm import add_rms_norm, rms_norm
 SCHEMA = "unified_attn.benchmarks.decode_gemm/v1"
 HIDDEN, QKV, INTER, LAYERS, EPS = 4096, 6144, 14336, 32, 1e-5
 DEVICE, DTYPE = "cuda", torch.bfloat16  # the CPU smoke test runs small float32 layers
-PATHS = ("library", "skinny", "skinny_unfused")
+PATHS = ("library", "skinny")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -89,32 +86,24 @@ def add_norm(h: torch.Tensor, res: torch.Tensor | None, weight: torch.Tensor) ->
 
 
 def library_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
-    x, res = add_norm(h, res, layer.norm1)
-    qkv = torch.matmul(x, layer.qkv.t())
-    o = torch.matmul(qkv[:, :HIDDEN], layer.o.t())
-    x, res = add_rms_norm(o, res, layer.norm2, EPS, "llama")
-    return torch.matmul(act_and_mul(torch.matmul(x, layer.gate_up.t()), "silu"),
-                        layer.down.t()), res  # fmt: skip
+    return layer_with(torch.matmul, layer, h, res)
 
 
 def skinny_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
-    qkv, res = sk.skinny_add_norm_linear(h, res, layer.norm1, EPS, "llama", layer.qkv)
-    o = sk.skinny_linear(qkv[:, :HIDDEN], layer.o)
-    gate_up, res = sk.skinny_add_norm_linear(o, res, layer.norm2, EPS, "llama", layer.gate_up)
-    return sk.skinny_act_linear(gate_up, "silu", layer.down), res
+    return layer_with(lambda x, w_t: sk.skinny_linear(x, w_t.t()), layer, h, res)
 
 
-def skinny_unfused_layer(layer: Layer, h: torch.Tensor, res: torch.Tensor | None) -> Any:
+def layer_with(matmul: Callable[..., Any], layer: Layer, h: torch.Tensor,
+               res: torch.Tensor | None) -> Any:  # fmt: skip
+    """A pre-norm decoder layer without attention whose four GEMMs are `matmul(x, W^T)`."""
     x, res = add_norm(h, res, layer.norm1)
-    o = sk.skinny_linear(sk.skinny_linear(x, layer.qkv)[:, :HIDDEN], layer.o)
+    o = matmul(matmul(x, layer.qkv.t())[:, :HIDDEN], layer.o.t())
     x, res = add_rms_norm(o, res, layer.norm2, EPS, "llama")
-    gate_up = sk.skinny_linear(x, layer.gate_up)
-    return sk.skinny_linear(act_and_mul(gate_up, "silu"), layer.down), res
+    gate_up = matmul(x, layer.gate_up.t())
+    return matmul(act_and_mul(gate_up, "silu"), layer.down.t()), res
 
 
-LAYER_FNS: dict[str, Callable[..., Any]] = {
-    "library": library_layer, "skinny": skinny_layer, "skinny_unfused": skinny_unfused_layer,
-}  # fmt: skip
+LAYER_FNS: dict[str, Callable[..., Any]] = {"library": library_layer, "skinny": skinny_layer}
 
 
 def run_model(path: str, layers: list[Layer], x: torch.Tensor, out: torch.Tensor) -> None:
@@ -137,25 +126,16 @@ def replay_ms(graph: Any) -> float:
     return statistics.median(windows[1:])
 
 
-def copy_bandwidth() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    graph = capture_graph([lambda: dst.copy_(src)])
-    return 2 * src.numel() / (replay_ms(graph) * 1e-3)
-
-
-def measure_rows(rows: int, layers: list[Layer], copy_bw: float) -> dict[str, Any]:
+def measure_rows(rows: int, layers: list[Layer]) -> dict[str, Any]:
     x = (0.5 * torch.randn(rows, HIDDEN, device="cuda")).bfloat16()
     outs = {path: torch.empty_like(x) for path in PATHS}
     times = {}
     for path in PATHS:
         graph = capture_graph([lambda p=path: run_model(p, layers, x, outs[p])])
         times[path] = replay_ms(graph)
-    ideal = sum(layer.bytes for layer in layers) / copy_bw * 1e3
     ref = outs["library"].float()
     diff = {p: ((outs[p].float() - ref).abs().max() / ref.abs().max()).item() for p in PATHS}
-    return {"rows": rows, "ideal_ms": ideal, "ms": times,
-            "fraction_of_ideal": {p: ideal / t for p, t in times.items()},
+    return {"rows": rows, "ms": times,
             "library_over_skinny": times["library"] / times["skinny"],
             "max_rel_diff_vs_library": diff}  # fmt: skip
 
@@ -193,9 +173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks/decode_gemm.py needs a CUDA GPU", file=sys.stderr)
         raise SystemExit(2)
     console = make_console(140)
-    copy_bw = copy_bandwidth()
     layers = [Layer(seed) for seed in range(LAYERS)]
-    rows = [measure_rows(m, layers, copy_bw) for m in args.rows]
+    rows = [measure_rows(m, layers) for m in args.rows]
+    # after the layers, on a warm GPU (measured first, cold, it read 2.7 TB/s)
+    copy_bw = copy_bandwidth(torch.device("cuda"))
+    for r in rows:
+        r["ideal_ms"] = sum(layer.bytes for layer in layers) / copy_bw * 1e3
+        r["fraction_of_ideal"] = {p: r["ideal_ms"] / t for p, t in r["ms"].items()}
     results = {**run_header(SCHEMA, "decode_gemm.py", False, argv),
                "copy_bandwidth_bytes_per_s": copy_bw, "rows": rows}  # fmt: skip
     out = output_dir(args)

@@ -162,8 +162,11 @@ def generate(**kwargs):
 
 
 def test_fp8_cuda_graph_replay_equals_eager():
-    graphs_engine, with_graphs = generate(kv_cache_dtype="fp8", backend="triton")
-    _, eager = generate(kv_cache_dtype="fp8", backend="triton", cuda_graphs=False)
+    # float32: the graph keeps the split-KV plan of max_model_len, so each request spreads its
+    # keys over more segments than eagerly; in bf16 that merge order alone moves logits by an ulp
+    graphs_engine, with_graphs = generate(kv_cache_dtype="fp8", backend="triton", dtype="float32")
+    _, eager = generate(kv_cache_dtype="fp8", backend="triton", cuda_graphs=False,
+                        dtype="float32")  # fmt: skip
     assert graphs_engine.runner.graphs is not None and graphs_engine.runner.graphs.num_replays > 0
     for a, b in zip(with_graphs, eager, strict=True):
         assert a.output_token_ids == b.output_token_ids

@@ -1,22 +1,13 @@
 """The decode-row GEMM (`kernels/layers/skinny_gemm.py`; CPU: the interpreter) against torch:
-alone, after the residual add and RMSNorm (the torch layer `models.layers.RMSNorm` in every
-style; the new residual bitwise torch's sum), after the gated activation (the torch MLP's
-rounding); 1 to 16 rows, widths that are not multiples of the tiles, bias, and the inputs it
-refuses."""
+1 to 16 rows, widths that are not multiples of the tiles, bias, and the inputs it refuses."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.kernels.test_layers_norm import make_norm, rand
-from unified_attn.kernels.layers.skinny_gemm import (
-    MAX_ROWS,
-    skinny_act_linear,
-    skinny_add_norm_linear,
-    skinny_linear,
-    skinny_tiles,
-)
+from tests.kernels.test_layers_norm import rand
+from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS, skinny_linear, skinny_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16]
@@ -52,45 +43,6 @@ def test_linear(dtype, rows, with_bias):
     assert_close(skinny_linear(x, w, bias), matmul(x, w, bias))  # the default tiles
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("style", ["llama", "float32", "gemma"])
-@pytest.mark.parametrize("rows", [1, 5, MAX_ROWS])
-def test_add_norm_linear_is_add_rms_norm_then_the_gemm(dtype, style, rows):
-    norm = make_norm(K, style, dtype)
-    x = rand(rows, K, dtype=dtype, seed=4).to(DEVICE)
-    residual = rand(rows, K, dtype=dtype, seed=5).to(DEVICE)
-    w = weight(N, K, dtype)
-    y, new_residual = skinny_add_norm_linear(x, residual, norm.weight, norm.eps, style, w,
-                                             tiles=SMALL)  # fmt: skip
-    assert torch.equal(new_residual, x + residual)
-    assert_close(y, matmul(norm(x + residual), w, None))
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_norm_linear_without_a_residual_returns_x(dtype):
-    """The first layer: no residual yet; x is the residual after it (no copy)."""
-    norm = make_norm(K, "llama", dtype)
-    x, w = rand(2, K, dtype=dtype, seed=6).to(DEVICE), weight(N, K, dtype)
-    y, new_residual = skinny_add_norm_linear(x, None, norm.weight, norm.eps, "llama", w,
-                                             tiles=SMALL)  # fmt: skip
-    assert new_residual is x
-    assert_close(y, matmul(norm(x), w, None))
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_act_linear_is_the_gated_activation_then_the_gemm(dtype, activation):
-    gate_up = rand(4, 2 * K, dtype=dtype, seed=7).to(DEVICE)
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    if activation == "silu":
-        act = torch.nn.functional.silu(gate)
-    else:
-        act = torch.nn.functional.gelu(gate, approximate="tanh")
-    product = (act.to(dtype).float() * up).to(dtype)  # the MLP's roundings
-    w = weight(N, K, dtype)
-    assert_close(skinny_act_linear(gate_up, activation, w, tiles=SMALL), matmul(product, w, None))
-
-
 def test_default_tiles_follow_the_weight_shape():
     assert skinny_tiles(6144, 4096, torch.bfloat16) == (32, 256, 4, 4)
     assert skinny_tiles(28672, 4096, torch.bfloat16) == (64, 256, 4, 3)
@@ -106,12 +58,3 @@ def test_refuses_what_it_cannot_take():
         skinny_linear(x[:2], w[:, :40])
     with pytest.raises(ValueError, match=r"weight must be torch\.float32"):
         skinny_linear(x[:2], w.half())
-    norm_w = torch.ones(K, device=DEVICE)
-    with pytest.raises(ValueError, match="style must be one of"):
-        skinny_add_norm_linear(x[:2], None, norm_w, 1e-6, "rms", w)
-    with pytest.raises(ValueError, match="residual must be a contiguous"):
-        skinny_add_norm_linear(x[:2], x[:3], norm_w, 1e-6, "llama", w)
-    with pytest.raises(ValueError, match="norm_weight must be"):
-        skinny_add_norm_linear(x[:2], None, norm_w.half(), 1e-6, "llama", w)
-    with pytest.raises(ValueError, match="activation must be one of"):
-        skinny_act_linear(torch.zeros(2, 2 * K, device=DEVICE), "relu", w)

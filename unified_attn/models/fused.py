@@ -7,10 +7,10 @@ Triton kernels of `kernels/layers` (CUDA), one projection GEMM per packed group
 `UNIFIED_ATTN_FUSED_LAYERS=0` (`fused_by_default`; the GPU suites pass with them on an H200). A
 layer that can fuse offers `set_fused(enabled)` (`Fusable`).
 
-With `UNIFIED_ATTN_SKINNY_GEMM=1` (off by default until `benchmarks/decode_gemm.py` measures it
-faster on the GPU) a fused decoder layer over at most 16 rows (decode steps) runs its
-projections through `kernels/layers/skinny_gemm.py`: the residual add and RMSNorm fused into the
-q/k/v and gate/up GEMMs, the gated activation into the down GEMM (`skinny_rows`).
+The fused attention and MLP layers run the projections of at most 16 rows (decode steps)
+through the decode-row GEMM of `kernels/layers/skinny_gemm.py` instead of cuBLAS (`project`)
+unless `UNIFIED_ATTN_SKINNY_GEMM=0`: on an H200 it took Llama-3-8B's decode step from 4.78 to
+4.63 ms at batch 1 and from 5.19 to 4.97 ms at batch 16 (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS
+from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS, skinny_linear
 
 
 @runtime_checkable
@@ -30,17 +30,6 @@ class Fusable(Protocol):
     """A layer with a fused kernel path beside its torch code."""
 
     def set_fused(self, enabled: bool) -> None: ...
-
-
-class NormParams(Protocol):
-    """What a fused norm reads of an RMSNorm layer."""
-
-    @property
-    def weight(self) -> torch.Tensor: ...
-    @property
-    def eps(self) -> float: ...
-    @property
-    def style(self) -> str: ...
 
 
 FUSED_VARIABLE = "UNIFIED_ATTN_FUSED_LAYERS"
@@ -57,19 +46,32 @@ def fused_by_default() -> bool:
 
 
 def skinny_by_default() -> bool:
-    """Whether fused layers take the decode-row GEMMs: only with `UNIFIED_ATTN_SKINNY_GEMM=1`
-    ("0" or unset: no; any other value is refused)."""
-    value = os.environ.get(SKINNY_VARIABLE, "0")
+    """Whether fused layers take the decode-row GEMM: yes unless `UNIFIED_ATTN_SKINNY_GEMM` is
+    "0"; any value but "0" and "1" is refused."""
+    value = os.environ.get(SKINNY_VARIABLE, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{SKINNY_VARIABLE}={value!r}: expected 0 or 1")
     return value == "1"
 
 
-def skinny_rows(x: torch.Tensor, norm_weight: torch.Tensor | None = None) -> bool:
-    """Whether x `[M, K]` suits the decode-row GEMM: 1 to `MAX_ROWS` contiguous rows (and a
-    norm weight of x's dtype, when a norm is fused before it)."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.is_contiguous()
-            and (norm_weight is None or norm_weight.dtype == x.dtype))  # fmt: skip
+def skinny_rows(x: torch.Tensor) -> bool:
+    """Whether x `[M, K]` suits the decode-row GEMM: 1 to `MAX_ROWS` contiguous rows."""
+    return x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.is_contiguous()
+
+
+def project(layer: nn.Module | PackedLinear, x: torch.Tensor, skinny: bool) -> torch.Tensor:
+    """`layer(x)`; with `skinny`, decode rows (`skinny_rows`) through a plain `nn.Linear` or a
+    `PackedLinear` of x's dtype take the decode-row GEMM (a tensor-parallel linear, whose
+    collective is its own, keeps its forward)."""
+    if skinny and skinny_rows(x):
+        weight: torch.Tensor | None = None
+        if isinstance(layer, PackedLinear):
+            weight, bias = layer.parameters_now()
+        elif type(layer) is nn.Linear:
+            weight, bias = layer.weight, layer.bias
+        if weight is not None and weight.dtype == x.dtype:
+            return skinny_linear(x, weight, bias)
+    return layer(x)
 
 
 def set_fused_layers(model: nn.Module, enabled: bool) -> None:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 import torch
 from torch import nn
@@ -12,10 +11,10 @@ from torch import nn
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.kernels.layers import norm as norm_kernels
 from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
-from unified_attn.models.fused import NormParams, PackedLinear, skinny_by_default, skinny_rows
+from unified_attn.models.fused import PackedLinear, project, skinny_by_default
 from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.linear_attention import LinearAttention
-from unified_attn.models.mlp import MLP, make_mlp
+from unified_attn.models.mlp import make_mlp
 from unified_attn.models.rope import RotaryEmbedding
 
 # Parameter-name suffixes kept in float32 whatever the model dtype (sinks: the backend contract).
@@ -107,7 +106,7 @@ class Attention(nn.Module):
     `rotary_emb=None`: a NoPE layer (Llama 4), whose queries `attn_temperature` scales; the
     RoPE layers' q and k are L2-normed after RoPE with `qk_l2_norm`. Fused (`set_fused`):
     separate q/k/v_proj run as one GEMM (`PackedLinear`, their parameters keep their names);
-    with `skinny` decode rows take the decode-row GEMMs (`forward_normed`, `models/fused.py`)."""
+    with `skinny` decode rows take the decode-row GEMM (`models/fused.project`)."""
 
     sinks: nn.Parameter | None
     kv_scales: torch.Tensor | None
@@ -165,36 +164,17 @@ class Attention(nn.Module):
         """hidden `[T, hidden_size]` -> q `[T, Hq * D]` (with its gates: `[T, Hq * 2D]`), k
         and v `[T, Hkv * D]`."""
         if self.fused_qkv:
-            q, k, v = self.qkv_proj(hidden).split(self.split_sizes, dim=-1)
+            qkv = project(self.qkv_proj, hidden, self.skinny)
+            q, k, v = qkv.split(self.split_sizes, dim=-1)
             return q, k, v
         if self.fused and self.packed is not None:
-            q, k, v = self.packed(hidden).split(self.packed.sizes, dim=-1)
+            q, k, v = project(self.packed, hidden, self.skinny).split(self.packed.sizes, dim=-1)
             return q, k, v
         return self.q_proj(hidden), self.k_proj(hidden), self.v_proj(hidden)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """positions `[T]`, hidden `[T, hidden_size]` -> `[T, hidden_size]`."""
         return self._attend(positions, hidden, *self._project(hidden))
-
-    def forward_normed(
-        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
-        norm: NormParams,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """`(forward(norm(hidden + residual)), hidden + residual)` with the add, the norm and
-        the q/k/v GEMM in one launch (`skinny_add_norm_linear`: decode rows, `skinny`)."""
-        from unified_attn.kernels.layers.skinny_gemm import skinny_add_norm_linear
-
-        weight: torch.Tensor
-        bias: torch.Tensor | None
-        if self.fused_qkv:
-            weight, bias, sizes = self.qkv_proj.weight, self.qkv_proj.bias, self.split_sizes
-        else:
-            assert self.packed is not None, "forward_normed: set_fused(True) first"
-            (weight, bias), sizes = self.packed.parameters_now(), self.packed.sizes
-        qkv, residual = skinny_add_norm_linear(hidden, residual, norm.weight, norm.eps,
-                                               norm.style, weight, bias)  # fmt: skip
-        q, k, v = qkv.split(sizes, dim=-1)
-        return self._attend(positions, hidden, q, k, v), residual
 
     def _attend(
         self, positions: torch.Tensor, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -221,13 +201,7 @@ class Attention(nn.Module):
         self.backend.forward(lc, output, q, k, v, **extra)
         if gate is not None:
             output = output * torch.sigmoid(gate.reshape(num_tokens, -1))
-        o_proj = self.o_proj
-        if (self.skinny and type(o_proj) is nn.Linear and o_proj.weight.dtype == output.dtype
-                and skinny_rows(output)):  # fmt: skip
-            from unified_attn.kernels.layers.skinny_gemm import skinny_linear
-
-            return skinny_linear(output, o_proj.weight, o_proj.bias)
-        return o_proj(output)
+        return project(self.o_proj, output, self.skinny)
 
     def _position(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -292,11 +266,6 @@ class DecoderLayer(nn.Module):
         """`(out, residual)`: the layer's output before its last residual add, and the residual
         stream so far; the next norm adds them (`RMSNorm.forward_residual`, one kernel when
         fused). `residual=None` on the first layer: `hidden` is the stream itself."""
-        if self._skinny(hidden, residual):
-            attention = cast(Attention, self.self_attn)
-            attn, residual = attention.forward_normed(positions, hidden, residual,
-                                                      self.input_layernorm)  # fmt: skip
-            return self._mlp_normed(attn, residual)
         if residual is None:
             residual, normed = hidden, self.input_layernorm(hidden)
         else:
@@ -308,19 +277,3 @@ class DecoderLayer(nn.Module):
         attn = self.post_attention_layernorm(attn)
         normed, residual = self.pre_feedforward_layernorm.forward_residual(attn, residual)
         return self.post_feedforward_layernorm(self.mlp(normed)), residual
-
-    def _skinny(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> bool:
-        """Decode rows of a pre-norm attention layer on the decode-row GEMMs."""
-        attn = self.self_attn
-        return (isinstance(attn, Attention) and attn.skinny and not self.post_norms
-                and skinny_rows(hidden, self.input_layernorm.weight)
-                and (residual is None or residual.dtype == hidden.dtype))  # fmt: skip
-
-    def _mlp_normed(
-        self, attn: torch.Tensor, residual: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        norm = self.post_attention_layernorm
-        if isinstance(self.mlp, MLP) and self.mlp.skinny and skinny_rows(attn, norm.weight):
-            return self.mlp.forward_normed(attn, residual, norm)
-        normed, residual = norm.forward_residual(attn, residual)
-        return self.mlp(normed), residual

@@ -9,7 +9,7 @@ from torch import nn
 
 from unified_attn.kernels.layers.activation import act_and_mul
 from unified_attn.models.config import ModelConfig
-from unified_attn.models.fused import NormParams, PackedLinear, skinny_by_default
+from unified_attn.models.fused import PackedLinear, project, skinny_by_default
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -28,7 +28,8 @@ class MLP(nn.Module):
     """Gated MLP: `down(act(gate(x)) * up(x))`; SiLU for SwiGLU (Llama), tanh-GELU for GeGLU
     (Gemma). With `fused_gate_up` (Phi-3) one `gate_up_proj [2I, H]` holds the gate rows, then
     the up rows. Fused (`set_fused`): one gate/up GEMM (separate projections packed,
-    `PackedLinear`) and one activation-and-product kernel."""
+    `PackedLinear`) and one activation-and-product kernel; with `skinny` decode rows take the
+    decode-row GEMM (`models/fused.project`)."""
 
     packed: PackedLinear | None
 
@@ -59,33 +60,9 @@ class MLP(nn.Module):
         self.fused = enabled
         self.skinny = enabled and skinny_by_default()
 
-    def forward_normed(
-        self, hidden: torch.Tensor, residual: torch.Tensor, norm: NormParams
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(forward(norm(hidden + residual)), hidden + residual)` on the decode-row GEMMs: the
-        add and the norm fused into gate/up, the activation into down (`skinny`)."""
-        from unified_attn.kernels.layers.skinny_gemm import (
-            skinny_act_linear,
-            skinny_add_norm_linear,
-        )
-
-        weight: torch.Tensor
-        bias: torch.Tensor | None
-        if self.packed is None:
-            weight, bias = self.gate_up_proj.weight, self.gate_up_proj.bias
-        else:
-            weight, bias = self.packed.parameters_now()
-        gate_up, residual = skinny_add_norm_linear(hidden, residual, norm.weight, norm.eps,
-                                                   norm.style, weight, bias)  # fmt: skip
-        activation = KERNEL_ACTIVATIONS[self.kind]
-        if type(self.down_proj) is nn.Linear:  # not tensor-parallel (RowParallelLinear)
-            down = self.down_proj
-            return skinny_act_linear(gate_up, activation, down.weight, down.bias), residual
-        return self.down_proj(act_and_mul(gate_up, activation)), residual
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:
-            return self.down_proj(self._fused_activation(x))
+            return project(self.down_proj, self._fused_activation(x), self.skinny)
         if self.fused_gate_up:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(self._activate(gate) * up)
@@ -94,7 +71,7 @@ class MLP(nn.Module):
     def _fused_activation(self, x: torch.Tensor) -> torch.Tensor:
         """`act(gate) * up` `[..., I]` from one gate/up GEMM and one kernel."""
         packed = self.gate_up_proj if self.packed is None else self.packed
-        gate_up = packed(x)  # [..., 2I]: gate, then up
+        gate_up = project(packed, x, self.skinny)  # [..., 2I]: gate, then up
         out = act_and_mul(gate_up.reshape(-1, gate_up.shape[-1]), KERNEL_ACTIVATIONS[self.kind])
         return out.view(*gate_up.shape[:-1], out.shape[-1])
 

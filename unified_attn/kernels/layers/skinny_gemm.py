@@ -1,16 +1,12 @@
-"""Launchers of the decode-row GEMM (`skinny_gemm_jit.py`): a linear layer over at most
-`MAX_ROWS` rows, alone (`skinny_linear`), after the residual add and RMSNorm of a decoder layer
-(`skinny_add_norm_linear`) or after the gated activation of an MLP (`skinny_act_linear`). Each is
-one launch where the unfused path takes two. CUDA, or the CPU under `TRITON_INTERPRET=1`
-(tests); `benchmarks/decode_gemm.py` measures them against cuBLAS and the unfused kernels."""
+"""Launcher of the decode-row GEMM (`skinny_gemm_jit.py`): a linear layer over at most
+`MAX_ROWS` rows (`skinny_linear`), the weight read once with no split-K reduction. CUDA, or the
+CPU under `TRITON_INTERPRET=1` (tests); `benchmarks/decode_gemm.py` measures it against cuBLAS."""
 
 from __future__ import annotations
 
 import torch
 import triton
 
-from unified_attn.kernels.layers.activation import ACTIVATIONS
-from unified_attn.kernels.layers.norm import STYLES
 from unified_attn.kernels.layers.skinny_gemm_jit import skinny_gemm_kernel
 
 MAX_ROWS = 16  # BLOCK_M: decode batches up to 16 requests
@@ -35,63 +31,14 @@ def skinny_linear(
     tiles: Tiles | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """`x @ weight^T (+ bias)`: x `[M, K]` (M <= MAX_ROWS), weight `[N, K]` -> `[M, N]`."""
-    _check("skinny_linear", x, x.shape[-1], weight, bias)
+    _check(x, weight, bias)
     y = x.new_empty(x.shape[0], weight.shape[0])
-    _launch(x, weight, bias, y, None, None, None, 0.0, 0, "llama", "silu", tiles)
+    _launch(x, weight, bias, y, tiles)
     return y
 
 
-def skinny_add_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-    style: str, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    tiles: Tiles | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`(rms_norm(h) @ weight^T (+ bias), h)` with `h = x + residual` (x itself without a
-    residual): `add_rms_norm` (or `rms_norm`) and the GEMM in one launch. x `[M, K]`,
-    norm_weight `[K]` of x's dtype, `style` one of `norm.STYLES`."""
-    op = "skinny_add_norm_linear"
-    _check(op, x, x.shape[-1], weight, bias)
-    if style not in STYLES:
-        raise ValueError(f"{op}: style must be one of {sorted(STYLES)}, got {style!r}")
-    if norm_weight.shape != (x.shape[1],) or norm_weight.dtype != x.dtype:
-        raise ValueError(
-            f"{op}: norm_weight must be [{x.shape[1]}] {x.dtype} like x, got "
-            f"{tuple(norm_weight.shape)} {norm_weight.dtype}"
-        )
-    for name, t in (("x", x), ("residual", residual)):
-        if t is not None and (t.shape != x.shape or t.dtype != x.dtype or not t.is_contiguous()):
-            raise ValueError(
-                f"{op}: {name} must be a contiguous {tuple(x.shape)} {x.dtype} tensor, got "
-                f"{tuple(t.shape)} {t.dtype} strides {t.stride()}"
-            )
-    y = x.new_empty(x.shape[0], weight.shape[0])
-    new_residual = x if residual is None else torch.empty_like(residual)
-    _launch(x, weight, bias, y, residual, new_residual, norm_weight, eps, 1, style, "silu",
-            tiles)  # fmt: skip
-    return y, new_residual
-
-
-def skinny_act_linear(
-    gate_up: torch.Tensor, activation: str, weight: torch.Tensor,
-    bias: torch.Tensor | None = None, tiles: Tiles | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """`act_and_mul(gate_up, activation) @ weight^T (+ bias)` in one launch: gate_up `[M, 2K]`
-    (the gate columns, then up), weight `[N, K]`."""
-    op = "skinny_act_linear"
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: activation must be one of {sorted(ACTIVATIONS)}, got "
-                         f"{activation!r}")  # fmt: skip
-    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-        raise ValueError(f"{op}: gate_up must be [M, 2K], got {tuple(gate_up.shape)}")
-    _check(op, gate_up, gate_up.shape[1] // 2, weight, bias)
-    y = gate_up.new_empty(gate_up.shape[0], weight.shape[0])
-    _launch(gate_up, weight, bias, y, None, None, None, 0.0, 2, "llama", activation, tiles)
-    return y
-
-
-def _check(
-    op: str, x: torch.Tensor, k: int, weight: torch.Tensor, bias: torch.Tensor | None
-) -> None:
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    op, k = "skinny_linear", x.shape[-1]
     if x.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS or x.stride(1) != 1:
         raise ValueError(
             f"{op}: x must be [M, K] with 1 <= M <= {MAX_ROWS} and contiguous rows, got "
@@ -107,8 +54,7 @@ def _check(
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and (t.dtype != x.dtype or t.device != x.device):
             raise ValueError(
-                f"{op}: {name} must be {x.dtype} on {x.device} like x, got {t.dtype} on "
-                f"{t.device}"
+                f"{op}: {name} must be {x.dtype} on {x.device} like x, got {t.dtype} on {t.device}"
             )
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"{op}: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
@@ -116,21 +62,14 @@ def _check(
 
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-    residual: torch.Tensor | None, new_residual: torch.Tensor | None,
-    norm_weight: torch.Tensor | None, eps: float, prologue: int, style: str, activation: str,
     tiles: Tiles | None,
 ) -> None:  # fmt: skip
     n, k = weight.shape
     block_n, block_k, num_warps, num_stages = tiles or skinny_tiles(n, k, x.dtype)
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-    has_residual = residual is not None
     skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, weight if bias is None else bias, y, residual if has_residual else x,
-        new_residual if has_residual else x, weight if norm_weight is None else norm_weight,
-        x.shape[0], n, k, eps, x.stride(0), weight.stride(0), y.stride(0),
-        residual.stride(0) if residual is not None else x.stride(0),
-        PROLOGUE=prologue, HAS_RESIDUAL=has_residual, STYLE=STYLES[style],
-        ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS,
+        x, weight, weight if bias is None else bias, y, x.shape[0], n, k, x.stride(0),
+        weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
