@@ -161,6 +161,21 @@ def capture_graph(calls: Sequence[Callable[[], Any]]) -> Any:
     return graph
 
 
+def warm_up_gpu(seconds: float = 0.3) -> None:
+    """Busy the GPU with matmuls for `seconds`: after seconds of host work (compiling) an idle
+    H200 ran the next timed kernel up to 2.5x slower (benchmarks/README.md, Mamba-2 kernels)."""
+    import time
+
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def gpu_ms(fn: Callable[[], Any]) -> float:
     """Median ms per call of `fn` by `triton.testing.do_bench` (which clears L2 before each)."""
     import triton.testing

@@ -38,6 +38,7 @@ from common import (
     run_header,
     save_figure,
     table,
+    warm_up_gpu,
     write_json,
 )
 from ssm_peer_calls import vllm_chunks, vllm_conv_metadata, vllm_decode
@@ -50,6 +51,7 @@ MODELS = {
 }
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 PREFILL = [[2048], [8192], [512] * 4, [2048] * 4]
+SECTIONS = ("decode", "scan", "conv_prefill", "conv_decode")
 TILE_SWEEP = [(bp, w) for bp in (4, 8, 16, 32) for w in (2, 4, 8)]
 ROTATE_BYTES = 256 << 20
 DT = torch.bfloat16
@@ -61,7 +63,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a few shapes, for a smoke run")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated model names")
     ap.add_argument("--tile-sweep", action="store_true", help="also time every decode tile")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated: any of {', '.join(SECTIONS)}")  # fmt: skip
     args = ap.parse_args(argv)
+    args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = sorted(set(args.sections) - set(SECTIONS)) or ([] if args.sections else ["(none)"])
+    if unknown:
+        ap.error(f"--sections: expected any of {', '.join(SECTIONS)}, got {', '.join(unknown)}")
     args.argv = argv
     return args
 
@@ -203,6 +211,8 @@ def bench_scan(model: tuple[int, ...], lengths: list[int], peers: Any) -> dict:
         return ssm_ops.ssd_scan_varlen(*args, inp["qsl"], inp["offsets"], inp["pool"],
                                        inp["none"], inp["slots"], chunk)  # fmt: skip
 
+    ours()  # compiles
+    warm_up_gpu()
     row: dict[str, Any] = {"lengths": lengths, "ours_ms": gpu_ms(ours)}
     if peers is not None:
         cu_chunks, seq_idx, last = vllm_chunks(lengths, chunk)
@@ -250,6 +260,8 @@ def bench_conv_prefill(model: tuple[int, ...], lengths: list[int], peers: Any) -
         return ssm_ops.causal_conv1d_varlen(inp["x"], qsl, inp["states"], none, slots,
                                             inp["weight"], inp["bias"])  # fmt: skip
 
+    ours()  # compiles
+    warm_up_gpu()
     row: dict[str, Any] = {"lengths": lengths, "ours_ms": gpu_ms(ours)}
     if peers is not None:
         meta = vllm_conv_metadata(qsl_cpu)
@@ -304,6 +316,8 @@ def plot(results: dict[str, Any], path: Any, console: Any) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for name in names:
         rows = results["models"][name]["decode"]
+        if not rows:
+            continue
         batches = [r["batch"] for r in rows]
         axes[0].plot(batches, [r["ours_copy_fraction"] for r in rows], "o-", label=f"{name} ours")
         if "vllm_copy_fraction" in rows[0]:
@@ -328,6 +342,20 @@ def plot(results: dict[str, Any], path: Any, console: Any) -> None:
     save_figure(fig, path, dpi=120)
 
 
+def run_section(
+    section: str, model: tuple[int, ...], batches: list[int], prefills: list[list[int]],
+    peers: SimpleNamespace | None, copy_bw: float, args: argparse.Namespace,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One section's rows for `model`."""
+    if section == "decode":
+        return [bench_decode(model, b, peers, copy_bw, args.tile_sweep) for b in batches]
+    if section == "scan":
+        return [bench_scan(model, lengths, peers) for lengths in prefills]
+    if section == "conv_prefill":
+        return [bench_conv_prefill(model, lengths, peers) for lengths in prefills]
+    return [bench_conv_decode(model, b, peers) for b in batches]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     console = make_console(120)
@@ -348,12 +376,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         res: dict[str, Any] = {"shape": dict(zip(("heads", "head_dim", "groups", "state_dim",
                                "conv_width", "chunk_size"), model, strict=True))}  # fmt: skip
         results["models"][name] = res
-        res["decode"] = [bench_decode(model, b, peers, copy_bw, args.tile_sweep) for b in batches]
-        write_json(out / "ssm_kernels.json", results)
-        res["scan"] = [bench_scan(model, lengths, peers) for lengths in prefills]
-        res["conv_prefill"] = [bench_conv_prefill(model, lengths, peers) for lengths in prefills]
-        res["conv_decode"] = [bench_conv_decode(model, b, peers) for b in batches]
-        write_json(out / "ssm_kernels.json", results)
+        for section in SECTIONS:
+            res[section] = (run_section(section, model, batches, prefills, peers, copy_bw, args)
+                            if section in args.sections else [])  # fmt: skip
+            write_json(out / "ssm_kernels.json", results)
         report(console, name, res)
     plot(results, out / "ssm_kernels.png", console)
     console.print(f"wrote {out / 'ssm_kernels.json'} and {out / 'ssm_kernels.png'}")
