@@ -4,11 +4,14 @@ tests/gpu/test_triton_gpu.py and benchmarks/decode_fixed_cost.py go through it).
 
 from __future__ import annotations
 
+import types
+
+import pytest
 import torch
 import triton
 import triton.language as tl
 
-from unified_attn.kernels.launch import FastLaunch, _arg_key
+from unified_attn.kernels.launch import FastLaunch, FastLaunchers, _arg_key
 
 
 @triton.jit
@@ -40,3 +43,19 @@ def test_the_key_separates_what_triton_specializes_on():
     assert _arg_key(base) != _arg_key(base[1:])  # 16-byte alignment
     assert _arg_key(base) != _arg_key(torch.zeros(64, dtype=torch.bfloat16))
     assert _arg_key(base) == _arg_key(base[8:])
+
+
+
+def test_fast_launchers_wrap_each_kernel_of_a_module_once():
+    launchers = FastLaunchers(types.SimpleNamespace(scale_kernel=_scale_kernel))
+    fast = launchers.scale_kernel
+    assert isinstance(fast, FastLaunch) and fast.kernel is _scale_kernel
+    assert launchers.scale_kernel is fast  # made once, kept
+    x = torch.arange(10, dtype=torch.float32)
+    out = torch.empty_like(x)
+    fast[(1,)](x, out, 10, 3.0)
+    assert torch.equal(out, 3 * x)
+    with pytest.raises(AttributeError):
+        getattr(launchers, "missing_kernel")  # noqa: B009
+    with pytest.raises(AttributeError):  # private names (copy and pickle probes) are not kernels
+        getattr(launchers, "__deepcopy__")  # noqa: B009

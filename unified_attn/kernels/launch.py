@@ -82,6 +82,7 @@ class FastLaunch:
         key = (
             tuple(v if c else _arg_key(v) for v, c in zip(values, self.constexpr, strict=True)),
             tuple(kwargs.get(option) for option in _LAUNCH_OPTIONS),
+            values[0].device.index,  # a compiled kernel is loaded on one device
         )
         compiled = self.compiled.get(key)
         if compiled is None:
@@ -96,3 +97,21 @@ class FastLaunch:
         compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
                      compiled.launch_metadata(g, stream, *values), hooks.launch_enter_hook,
                      hooks.launch_exit_hook, *values)  # fmt: skip
+
+
+class FastLaunchers:
+    """A kernels module's Triton kernels, each through its own `FastLaunch`:
+    `FastLaunchers(module).name_kernel[grid](...)` launches like `module.name_kernel[grid](...)`.
+    Each kernel's `FastLaunch` is made on first use and kept."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+        self._launchers: dict[str, FastLaunch] = {}
+
+    def __getattr__(self, name: str) -> FastLaunch:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        launcher = self._launchers.get(name)
+        if launcher is None:
+            launcher = self._launchers[name] = FastLaunch(getattr(self._module, name))
+        return launcher

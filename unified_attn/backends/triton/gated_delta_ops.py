@@ -20,19 +20,24 @@ import triton
 
 from unified_attn.backends.gated_delta_math import L2_EPS
 from unified_attn.backends.triton.ssm_checks import FLOAT_DTYPES, check_slots, check_tensor
-from unified_attn.kernels.ssm import gated_delta_chunked as chunked_kernels
-from unified_attn.kernels.ssm import gated_delta_update as update_kernels
-from unified_attn.kernels.ssm import gated_delta_varlen as varlen_kernels
-from unified_attn.kernels.ssm import gated_delta_wy as wy_kernels
-from unified_attn.kernels.ssm import ssd_chunked
+from unified_attn.kernels.launch import FastLaunchers
+from unified_attn.kernels.ssm import gated_delta_chunked as chunked_jit
+from unified_attn.kernels.ssm import gated_delta_update as update_jit
+from unified_attn.kernels.ssm import gated_delta_varlen as varlen_jit
+from unified_attn.kernels.ssm import gated_delta_wy as wy_jit
+from unified_attn.kernels.ssm import ssd_chunked as ssd_chunked_jit
 
 INT32, FLOAT32 = (torch.int32,), (torch.float32,)
 # float32 elements of a decode program's state tile: 32 KiB from 64 requests, 16 KiB below
 UPDATE_TILE, UPDATE_TILE_LARGE, LARGE_TILE_FROM = 4096, 8192, 64
 VARLEN_BLOCK_V = 16  # state columns a token-by-token prefill program keeps in registers
-CHUNK: int = wy_kernels.CHUNK.value  # rows of a chunk of the WY form (64)
+CHUNK: int = wy_jit.CHUNK.value  # rows of a chunk of the WY form (64)
 CHUNKED_BLOCK_V = 32  # state columns a chunked-form program keeps in registers (16-bit)
 VARLEN_KERNELS = ("auto", "chunked", "tokens")
+# the kernels past Triton's Python dispatch (kernels/launch.py)
+chunked_kernels, update_kernels = FastLaunchers(chunked_jit), FastLaunchers(update_jit)
+varlen_kernels, wy_kernels = FastLaunchers(varlen_jit), FastLaunchers(wy_jit)
+ssd_chunked = FastLaunchers(ssd_chunked_jit)
 
 
 def gated_delta_update(

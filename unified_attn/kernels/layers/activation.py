@@ -7,11 +7,15 @@ from __future__ import annotations
 import torch
 import triton
 
-from unified_attn.kernels.layers.activation_jit import act_and_mul_kernel
+from unified_attn.kernels.launch import FastLaunch
+from unified_attn.kernels.layers.activation_jit import act_and_mul_kernel as act_and_mul_kernel_jit
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 BLOCK = 1024  # columns of one program
+
+# past Triton's Python dispatch (kernels/launch.py)
+act_and_mul_kernel = FastLaunch(act_and_mul_kernel_jit)
 
 
 def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:

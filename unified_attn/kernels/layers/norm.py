@@ -8,13 +8,17 @@ import attrs
 import torch
 import triton
 
-from unified_attn.kernels.layers.norm_jit import rms_norm_kernel
+from unified_attn.kernels.launch import FastLaunch
+from unified_attn.kernels.layers.norm_jit import rms_norm_kernel as rms_norm_kernel_jit
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 STYLES = {"llama": 0, "float32": 1, "gemma": 2}  # models.config.NormStyle
 MAX_BLOCK = 16384  # the widest row a program holds in registers; wider rows go in chunks
 CHUNK = 4096  # the chunk of a wider row
 TILE = 4096  # elements of a program over short rows: TILE // width rows each
+
+# past Triton's Python dispatch (kernels/launch.py)
+rms_norm_kernel = FastLaunch(rms_norm_kernel_jit)
 
 
 @attrs.frozen

@@ -7,11 +7,15 @@ from __future__ import annotations
 import torch
 import triton
 
-from unified_attn.kernels.layers.rotary_jit import rotary_kernel
+from unified_attn.kernels.launch import FastLaunch
+from unified_attn.kernels.layers.rotary_jit import rotary_kernel as rotary_kernel_jit
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 STYLES = ("neox", "interleaved")  # models.config.RopeStyle
 TILE = 2048  # (head, channel pair) lanes of one step of a program
+
+# past Triton's Python dispatch (kernels/launch.py)
+rotary_kernel = FastLaunch(rotary_kernel_jit)
 
 
 def apply_rotary(

@@ -7,11 +7,15 @@ from __future__ import annotations
 import torch
 import triton
 
-from unified_attn.kernels.layers.skinny_gemm_jit import skinny_gemm_kernel
+from unified_attn.kernels.launch import FastLaunch
+from unified_attn.kernels.layers.skinny_gemm_jit import skinny_gemm_kernel as skinny_gemm_kernel_jit
 
 MAX_ROWS = 16  # BLOCK_M: decode batches up to 16 requests
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 Tiles = tuple[int, int, int, int]  # BLOCK_N, BLOCK_K, num_warps, num_stages
+
+# past Triton's Python dispatch (kernels/launch.py)
+skinny_gemm_kernel = FastLaunch(skinny_gemm_kernel_jit)
 
 
 def skinny_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
