@@ -134,11 +134,21 @@ def test_split_kv_decode_matches(sinks, window):
 @pytest.mark.parametrize("window", [None, 20])
 def test_a_plan_sized_for_long_requests_spreads_short_ones(sinks, window):
     """A decode graph keeps the split plan of `max_model_len`: each request splits its own keys
-    into the plan's segments (whole tiles, at most the plan's length), here 1 to 130 keys over
-    8 segments planned at 512 keys each."""
+    (those its window leaves) into the plan's segments (whole tiles, at most the plan's length),
+    here 1 to 130 keys over 8 segments planned at 512 keys each."""
     computed, new = [70, 3, 129, 0], [1, 1, 1, 1]
     run_case(hq=4, hkv=2, d=64, bs=16, computed=computed, new=new, dtype=DTYPES[0],
              sinks=sinks, window=window, split=SplitPlan(num_segments=8, segment=512))  # fmt: skip
+
+
+@pytest.mark.parametrize("bounds", [dict(chunk=32), dict(window=37, sink_tokens=5)],
+                         ids=["chunk", "window+sink_tokens"])  # fmt: skip
+def test_split_kv_spreads_the_keys_a_chunk_or_window_leaves(bounds):
+    """The segments start at the tile of the first key a chunk (Llama 4) or window leaves;
+    segment 0 also takes the sink tokens."""
+    computed, new = [100, 3, 129, 40, 0], [1, 1, 1, 1, 1]
+    run_case(hq=4, hkv=2, d=64, bs=16, computed=computed, new=new, dtype=DTYPES[0],
+             split=SplitPlan(num_segments=4, segment=512), **bounds)  # fmt: skip
 
 
 @pytest.mark.skipif(not GPU, reason="long contexts are too slow for the CPU interpreter")

@@ -8,9 +8,10 @@ KV loop. Query j of a causal sequence sits at position `seq_len - q_len + j` (a 
 come last); non-causal sequences (encoder self-attention, cross-attention) number their queries
 from 0, so a query chunk may be longer than its keys (cross-attention) and every query row still
 sees keys `[0, seq_len)` under no window or chunk. With NUM_SEGMENTS > 1 (split-KV, decode),
-segment s covers keys `[s * L, (s + 1) * L)` (the last one everything after), L the request's
-share in whole tiles, at most the plan's `segment_len` (a graph keeps the plan of
-`max_model_len`), and stores a partial result that `merge_segments.py` combines.
+segment s covers keys `[b + s * L, b + (s + 1) * L)` (b: the tile of the first key a window or
+chunk leaves; the last segment takes every key after, segment 0 the sink tokens), L the request's
+share in whole tiles, at most the plan's `segment_len` (a graph keeps the plan of `max_model_len`),
+and stores a partial result that `merge_segments.py` combines.
 
 An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
 to the dot dtype (exact: every e4m3 value is a float16/bfloat16/float32 value): the query dtype,
@@ -259,21 +260,21 @@ def unified_attention_kernel(
     if SINK_TOKENS > 0:
         sink_hi = tl.minimum(SINK_TOKENS, key_hi)
         key_lo = tl.maximum(key_lo, sink_hi)
-    if NUM_SEGMENTS > 1:
-        share = tl.cdiv(tl.cdiv(key_hi, NUM_SEGMENTS), TILE) * TILE  # whole tiles
+    if NUM_SEGMENTS > 1:  # the keys a window or chunk leaves, from the tile of the first
+        base = key_lo // TILE * TILE
+        share = tl.cdiv(tl.cdiv(key_hi - base, NUM_SEGMENTS), TILE) * TILE  # whole tiles
         seg_len = tl.minimum(segment_len, share)
-        seg_lo = segment * seg_len
+        seg_lo = base + segment * seg_len
         seg_hi = key_hi
         if segment < NUM_SEGMENTS - 1:  # the last segment takes every key left
-            seg_hi = tl.minimum(key_hi, (segment + 1) * seg_len)
+            seg_hi = tl.minimum(key_hi, seg_lo + seg_len)
         key_lo = tl.maximum(key_lo, seg_lo)
         key_hi = seg_hi
-        sink_lo = tl.maximum(sink_lo, seg_lo)
-        sink_hi = tl.minimum(sink_hi, seg_hi)
+        if segment > 0:  # segment 0 takes the sink tokens
+            sink_hi = sink_lo
 
     if USE_SINKS and NUM_SEGMENTS == 1:
-        # The sink is a virtual key with no value: the running max starts at its logit and
-        # the running sum at exp(0) = 1.
+        # The sink: a virtual key, no value (running max: its logit; running sum: exp(0) = 1).
         m_i = tl.load(sinks_ptr + head, mask=row_valid, other=float("-inf")).to(tl.float32)
         m_i = m_i * LOG2E
         l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
@@ -308,11 +309,10 @@ def unified_attention_kernel(
     k_inv = offs_t[:, None] * stride_ks + dims[None, :] * stride_kd
     v_inv = offs_t[:, None] * stride_vs + dims[None, :] * stride_vd
 
-    # Tiles in ascending key order, at absolute multiples of TILE: the sink range (masked),
-    # then the main range [key_lo, key_hi) as masked tiles up to the first one every row sees
-    # whole, those unmasked, and masked tiles to the end (the causal diagonal). Four loops, one
-    # `_attend_tile` call each: one loop over all the masked tiles (their start and range chosen
-    # per iteration) was 9% slower on unsplit page-64 decode (H100, 2.74 against 2.99 TB/s).
+    # Tiles in ascending key order, at absolute multiples of TILE: the sink range (masked), then
+    # the main range [key_lo, key_hi) as masked tiles up to the first one every row sees whole,
+    # those unmasked, and masked tiles to the end (the causal diagonal). Four loops, one
+    # `_attend_tile` call each: one loop over all masked tiles was 9% slower (H100 decode).
     main_start = key_lo // TILE * TILE
     clean_start = main_start
     clean_end = main_start
