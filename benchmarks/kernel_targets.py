@@ -5,19 +5,19 @@ causal prefill at pages 16 and 64, each against peers measured in the same run.
                                         [--shapes b1-4k,gpt-oss] [--sweep]
 
 Decode shapes (bf16, one query token per request, every request `ctx` tokens, random data on a
-randomly permuted paged cache; `SHAPES` below): 32 query / 8 KV heads of 128 at pages 16 and 64,
-and gpt-oss's attention (64 query / 8 KV heads of 64, sliding window 128, learned sinks). A
-windowed shape allocates only the pages its window touches; the block table sends the rest to
-the null block, which the kernel never reads. Timing: the launch as the backend makes it
-(split-KV from `plan_split`) captured in a CUDA graph, as the engine runs decode, over enough
-distinct caches (at least two) that L2 (50 MB) holds none of them between calls
+randomly permuted paged cache; `SHAPES` below): 32 query / 8 KV heads of 128 at pages 16 and 64
+(one with a 4k sliding window at 32k), and gpt-oss's attention (64 query / 8 KV heads of 64,
+sliding window 128, learned sinks). A windowed shape allocates only the pages its window touches;
+the block table sends the rest to the null block, which the kernel never reads. Timing: the launch
+as the backend makes it (split-KV from `plan_split`) captured in a CUDA graph, as the engine runs
+decode, over enough distinct caches (at least two) that L2 (50 MB) holds none of them between calls
 (`attn_bench.timing`); the graph's median time divided by its calls. Bytes read = K + V of the
 visible keys + Q + output; TB/s is that over the time, also as a fraction of the device copy
-bandwidth measured in the same run. Peers: SDPA (flash and cuDNN) over dense contiguous K/V of
-the same visible keys (not for the gpt-oss shape: SDPA has no sinks), timed the same way; our
-output is checked against theirs and against a float32 oracle. `--sweep` also times split
-counts and tiles (`TILE`, warps, stages) per decode shape and prints the best next to the shipped
-choice (in the JSON under `sweep`).
+bandwidth measured in the same run. Peers: SDPA (flash and cuDNN) over dense contiguous K/V of the
+same visible keys (not for the gpt-oss shape: SDPA has no sinks), timed the same way; our output is
+checked against theirs and against a float32 oracle. `--sweep` also times split counts and tiles
+(`TILE`, warps, stages) per decode shape and prints the best next to the shipped choice (in the
+JSON under `sweep`).
 
 Prefill: one causal sequence of 2k-32k tokens (32q/8kv/d128, bf16) on a permuted paged cache of
 16- and 64-token pages, and a chunked prefill of 512 queries after 32k cached keys; TFLOP/s with
@@ -89,6 +89,8 @@ SHAPES = {
     "b64-8k": Shape(64, 8192),
     "b64-8k-page64": Shape(64, 8192, page=64, target=("tb_s", 2.9)),
     "b64-32k": Shape(64, 32768, target=("tb_s", 3.0)),
+    # a sliding-window layer at a long context: its 4k visible keys split like b1-4k's
+    "b1-32k-window4k": Shape(1, 32768, window=4096),
     "gpt-oss": Shape(64, 8192, 64, 8, 64, window=128, sinks=True, target=("us", 40.0)),
     "gpt-oss-page64": Shape(64, 8192, 64, 8, 64, page=64, window=128, sinks=True),
 }
