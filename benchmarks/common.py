@@ -73,13 +73,15 @@ def utc_timestamp() -> str:
 
 
 def run_header(schema: str, script: str, quick: bool, argv: Sequence[str] | None) -> dict:
-    """The fields a CPU benchmark's JSON opens with: schema, mode, command, machine, time."""
+    """The fields a benchmark's JSON opens with: schema, mode, command, machine, time, and the
+    library's switches set in the environment (`UNIFIED_ATTN_*`: e.g. the decode-row GEMM off)."""
     return {
         "schema": schema,
         "mode": "quick" if quick else "full",
         "command": command_line(script, argv),
         "machine": machine_info(),
         "timestamp_utc": utc_timestamp(),
+        "switches": {k: v for k, v in sorted(os.environ.items()) if k.startswith("UNIFIED_ATTN_")},
     }
 
 

@@ -28,3 +28,12 @@ def test_the_two_paths_agree(bench, monkeypatch):
 def test_refuses_without_cuda(bench, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     assert_refuses_without_cuda(bench, tmp_path, capsys)
+
+
+def test_the_json_header_records_the_library_switches(bench, monkeypatch):
+    """`common.run_header`: a run with the decode-row GEMM off says so in its JSON."""
+    monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM", "0")
+    monkeypatch.setenv("UNRELATED_VARIABLE", "1")
+    header = bench.run_header(bench.SCHEMA, "decode_gemm.py", False, [])
+    assert header["switches"].get("UNIFIED_ATTN_SKINNY_GEMM") == "0"
+    assert "UNRELATED_VARIABLE" not in header["switches"]
