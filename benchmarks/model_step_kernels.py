@@ -11,6 +11,10 @@ microseconds per call and per replay, and the kernel's group (GEMM, attention, n
 activation, KV write, other). The roofline of the step (`model_step_shapes`: the bytes one rank
 reads at the device-to-device copy bandwidth measured in the same run, or the FLOPs at the
 measured matmul rate) sits beside the replay, so the table shows which kernels hold the gap.
+Then `--engine-steps` overlapped engine steps (the engine's own loop, host work included) run
+under the profiler: per step, the span of the device's work, the time some kernel or copy ran
+(the union of their intervals), the idle rest, and the kernels the graph does not hold (input
+staging, sampling, copies): what the wall step adds to the replay.
 Writes `model_step_kernels.json` and `.png` (the replay split by group per batch).
 """
 
@@ -68,8 +72,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batches", type=csv_ints, default=[1, 64, 256])
     parser.add_argument("--max-model-len", type=int, default=8208,
                         help="the engine's (model_step.py's with 8k prefills: 8208)")  # fmt: skip
+    parser.add_argument("--engine-steps", type=int, default=16,
+                        help="overlapped engine steps profiled per batch (0: none)")  # fmt: skip
     add_out_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.engine_steps < 0:
+        parser.error(f"--engine-steps: 0 or more, got {args.engine_steps}")
+    return args
 
 
 def kernels_of_one_replay(graphs: Any, batch: int) -> list[tuple[str, float]]:
@@ -84,6 +93,49 @@ def kernels_of_one_replay(graphs: Any, batch: int) -> list[tuple[str, float]]:
     return [(e.name, e.time_range.end - e.time_range.start) for e in events]
 
 
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of `(start, end)` intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def profile_engine_steps(step: Any, steps: int, graph_kernels: set[str]) -> dict[str, Any]:
+    """`steps` calls of `step` (overlapped engine steps) under the profiler: per step the span
+    of the device's work, its busy and idle time, and the kernels outside the decode graph."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]  # fmt: skip
+    return step_timeline(events, steps, graph_kernels)
+
+
+def step_timeline(
+    events: list[tuple[float, float, str]], steps: int, graph_kernels: set[str]
+) -> dict[str, Any]:
+    """Per step: `span_us` (first start to last end over `steps`), `busy_us`, `idle_us`, and
+    `outside_graph` (`breakdown` of the events whose name no graph kernel has, per step)."""
+    if not events:
+        return {"steps": steps, "span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0,
+                "outside_graph": []}  # fmt: skip
+    span = max(end for _, end, _ in events) - min(start for start, _, _ in events)
+    busy = busy_us([(start, end) for start, end, _ in events])
+    outside = breakdown([(name, end - start) for start, end, name in events
+                         if name not in graph_kernels])  # fmt: skip
+    for row in outside:  # per step
+        row["calls"] /= steps
+        row["us"] /= steps
+    return {"steps": steps, "span_us": span / steps, "busy_us": busy / steps,
+            "idle_us": (span - busy) / steps, "outside_graph": outside}  # fmt: skip
+
+
 def breakdown(kernels: list[tuple[str, float]]) -> list[dict[str, Any]]:
     per_name: dict[str, list[float]] = defaultdict(list)
     for name, us in kernels:
@@ -95,7 +147,7 @@ def breakdown(kernels: list[tuple[str, float]]) -> list[dict[str, Any]]:
 
 
 def measure_batch(
-    engine: Any, model: str, batch: int, ceilings: dict[str, float]
+    engine: Any, model: str, batch: int, ceilings: dict[str, float], engine_steps: int
 ) -> dict[str, Any]:
     from model_step_run import DecodeBatch, Settings
 
@@ -112,6 +164,10 @@ def measure_batch(
         graphs = engine.runner.graphs
         replay = replay_ms(graphs, batch, 20) * 1e3
         kernels = breakdown(kernels_of_one_replay(graphs, batch))
+        timeline = None
+        if engine_steps:
+            names = {k["kernel"] for k in kernels}
+            timeline = profile_engine_steps(requests.step, engine_steps, names)
     finally:
         requests.stop()
     config = get_preset(model)
@@ -123,7 +179,7 @@ def measure_batch(
         groups[row["group"]] += row["us"]
     return {"batch": batch, "mean_context": context, "replay_us": replay,
             "kernels_us": sum(r["us"] for r in kernels), "roofline_us": roofline * 1e6,
-            "groups_us": dict(groups), "kernels": kernels}  # fmt: skip
+            "groups_us": dict(groups), "kernels": kernels, "engine_steps": timeline}  # fmt: skip
 
 
 def report(results: dict[str, Any], console: Any) -> None:
@@ -135,6 +191,15 @@ def report(results: dict[str, Any], console: Any) -> None:
             t.add_row(k["kernel"][:60], k["group"], str(k["calls"]), f"{k['us_per_call']:.2f}",
                       f"{k['us']:.0f}", f"{k['us'] / row['replay_us']:.1%}")  # fmt: skip
         console.print(t)
+        line = row.get("engine_steps")
+        if line:
+            t = table(f"batch {row['batch']}: {line['steps']} overlapped engine steps, per step: "
+                      f"device span {line['span_us']:.0f} us, busy {line['busy_us']:.0f}, idle "
+                      f"{line['idle_us']:.0f}; kernels and copies outside the graph",
+                      ["kernel", "calls", "us"])  # fmt: skip
+            for k in line["outside_graph"][:10]:
+                t.add_row(k["kernel"][:60], f"{k['calls']:.1f}", f"{k['us']:.1f}")
+            console.print(t)
 
 
 def plot(results: dict[str, Any], path: Any, console: Any) -> None:
@@ -175,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        max_model_len=args.max_model_len, max_num_batched_tokens=8192,
                        gpu_memory_utilization=0.85)  # fmt: skip
     try:
-        rows = [measure_batch(engine, args.model, b, ceilings) for b in batches]
+        rows = [measure_batch(engine, args.model, b, ceilings, args.engine_steps)
+                for b in batches]  # fmt: skip
     finally:
         engine.shutdown()
     header = run_header(SCHEMA, "model_step_kernels.py", False, argv)

@@ -38,3 +38,27 @@ def test_breakdown_sums_each_kernel_name(bench):
 def test_refuses_without_cuda(bench, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     assert_refuses_without_cuda(bench, tmp_path, capsys)
+
+
+def test_busy_time_is_the_union_of_the_intervals(bench):
+    assert bench.busy_us([]) == 0.0
+    assert bench.busy_us([(0.0, 4.0), (2.0, 5.0), (7.0, 8.0), (7.5, 7.8)]) == 6.0
+
+
+def test_step_timeline_splits_span_busy_idle_and_the_kernels_outside_the_graph(bench):
+    events = [(0.0, 10.0, "gemm_a"), (10.0, 11.0, "argmax"), (14.0, 24.0, "gemm_a"),
+              (24.0, 25.0, "argmax"), (25.0, 27.0, "Memcpy HtoD")]  # fmt: skip
+    line = bench.step_timeline(events, steps=2, graph_kernels={"gemm_a"})
+    assert (line["span_us"], line["busy_us"], line["idle_us"]) == (13.5, 12.0, 1.5)
+    assert line["outside_graph"] == [
+        {"kernel": "argmax", "group": "other", "calls": 1.0, "us_per_call": 1.0, "us": 1.0},
+        {"kernel": "Memcpy HtoD", "group": "other", "calls": 0.5, "us_per_call": 2.0, "us": 1.0},
+    ]
+    assert bench.step_timeline([], 3, set())["busy_us"] == 0.0
+
+
+def test_a_negative_engine_steps_is_refused_in_one_line(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--engine-steps", "-1"])
+    assert exc.value.code == 2
+    assert "--engine-steps: 0 or more, got -1" in capsys.readouterr().err
