@@ -22,7 +22,9 @@ import torch
 from triton import knobs
 from triton.runtime import driver
 
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")
+_LAUNCH_OPTIONS = (
+    "num_warps", "num_stages", "maxnreg", "num_ctas", "enable_fp_fusion", "launch_pdl",
+)  # fmt: skip
 
 
 def _int_key(value: int) -> tuple[bool, bool, bool]:

@@ -5,11 +5,10 @@ writes are visible. What it saves is the launch gap between small back-to-back k
 steps of a few microseconds each, replayed from CUDA graphs).
 
 Kernels that support it take `launch_pdl: tl.constexpr` (the launch option of the same name
-turns the attribute on) and start with::
-
-    if launch_pdl:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+turns the attribute on) and start with `pdl_jit.pdl_start(launch_pdl)`: the Mamba-2 decode
+kernels, and every kernel of a decoder layer's decode step (the paged attention, its merge and
+KV-cache write, the norm, rotary, activation and decode-row GEMM kernels; cuBLAS GEMMs between
+them launch as usual, so a kernel after one simply waits for it).
 
 `UNIFIED_ATTN_PDL=0` turns it off everywhere (for a comparison or a driver that misbehaves).
 """

@@ -13,6 +13,7 @@ from unified_attn.kernels.attention.cache_write import write_kv_cache_kernel
 from unified_attn.kernels.attention.merge_segments import merge_segments_kernel
 from unified_attn.kernels.attention.unified_attention import unified_attention_kernel
 from unified_attn.kernels.launch import FastLaunch
+from unified_attn.kernels.pdl import pdl_enabled
 from unified_attn.utils import cdiv
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -226,6 +227,7 @@ def write_kv_cache(
         HEAD_PAD=triton.next_power_of_2(head_size),
         BLOCK_SIZE=k_cache.shape[1],
         FP8_KV=fp8,
+        launch_pdl=pdl_enabled(key.device),
     )  # fmt: skip
 
 
@@ -335,6 +337,7 @@ def unified_attention(
             num_tokens * num_q_heads, num_segments, head_pad, q.device
         )
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_segments)
+    pdl = pdl_enabled(q.device)  # kernels/pdl.py: each kernel may launch during the one before
     _ATTENTION[grid](
         out, q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
         sinks if sinks is not None else dummy,
@@ -353,6 +356,7 @@ def unified_attention(
         SHARED_KV_OFFSETS=shared_offsets, FP8_KV=fp8, SPLIT_MASKING=not batch_invariant,
         TABLE_AHEAD=cfg.num_stages >= 3,  # with 2 stages K/V are single-buffered either way
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.max_registers,
+        launch_pdl=pdl,
     )  # fmt: skip
     if num_segments > 1:
         _MERGE[(num_tokens, num_q_heads)](
@@ -360,6 +364,6 @@ def unified_attention(
             sinks if sinks is not None else dummy,
             num_q_heads, out.stride(0), out.stride(1),
             HEAD_SIZE=head_size, HEAD_PAD=head_pad, NUM_SEGMENTS=num_segments,
-            USE_SINKS=sinks is not None,
+            USE_SINKS=sinks is not None, launch_pdl=pdl,
         )  # fmt: skip
     return out

@@ -4,6 +4,8 @@ cache quantized with saturation: `e4m3(clamp(x / scale, -448, 448))`, round to n
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 
 @triton.jit
 def round_to_e4m3(y):
@@ -54,7 +56,9 @@ def write_kv_cache_kernel(
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     FP8_KV: tl.constexpr,  # the caches are float8 e4m3: quantize with the scales
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
+    pdl_start(launch_pdl)
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token)
     if slot < 0:

@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from unified_attn.kernels.attention.unified_attention import LOG2E
+from unified_attn.kernels.pdl_jit import pdl_start
 
 
 @triton.jit
@@ -21,9 +22,11 @@ def merge_segments_kernel(
     HEAD_PAD: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
     """Log-sum-exp merge (log2 units) of the partial results of one (token, head). Empty
     segments carry max = -inf and sum = 0 and drop out; the sink is counted here, once."""
+    pdl_start(launch_pdl)
     token = tl.program_id(0)
     head = tl.program_id(1)
     segs = tl.arange(0, NUM_SEGMENTS)

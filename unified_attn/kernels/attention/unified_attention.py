@@ -13,16 +13,16 @@ chunk leaves; the last segment takes every key after, segment 0 the sink tokens)
 share in whole tiles, at most the plan's `segment_len` (a graph keeps the plan of `max_model_len`),
 and stores a partial result that `merge_segments.py` combines.
 
-An fp8 (e4m3) cache is dequantized in registers: each K/V tile is loaded as float8 and converted
-to the dot dtype (exact: every e4m3 value is a float16/bfloat16/float32 value): the query dtype,
-except that bf16 queries run float16 dots (one conversion instruction per two values instead of
-three; each query row divided by a power of two first where it exceeds 2^14); the K scale is
-folded into the softmax scale (`s = (q . k) * scale * k_scale`) and the V scale into the
-accumulator before it is normalised or stored, so the scales cost two scalar loads per program.
+An fp8 (e4m3) cache is dequantized in registers (exact): each K/V tile is loaded as float8 and
+converted to the query dtype, but bf16 queries run float16 dots (one conversion per two values,
+not three; a query row over 2^14 first divided by a power of two); the K scale is folded into the
+softmax scale, the V scale into the accumulator before it is normalised or stored.
 """
 
 import triton
 import triton.language as tl
+
+from unified_attn.kernels.pdl_jit import pdl_start
 
 
 @triton.jit
@@ -208,10 +208,10 @@ def unified_attention_kernel(
     FP8_KV: tl.constexpr,  # the caches are float8 e4m3: dequantize with the scales
     SPLIT_MASKING: tl.constexpr,  # False: mask every tile (batch-invariant mode)
     TABLE_AHEAD: tl.constexpr,  # read the block table one tile ahead (multi-buffered K/V)
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
-    q_block = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    segment = tl.program_id(2)
+    pdl_start(launch_pdl)
+    q_block, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
     seq = find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q)
     q_begin = tl.load(query_start_loc_ptr + seq)

@@ -9,6 +9,7 @@ import triton
 
 from unified_attn.kernels.launch import FastLaunch
 from unified_attn.kernels.layers.activation_jit import act_and_mul_kernel as act_and_mul_kernel_jit
+from unified_attn.kernels.pdl import pdl_enabled
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
@@ -41,6 +42,6 @@ def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         block = min(BLOCK, triton.next_power_of_2(width))
         act_and_mul_kernel[(tokens, triton.cdiv(width, block))](
             gate_up, out, gate_up.stride(0), width, ACT=ACTIVATIONS[activation], BLOCK=block,
-            num_warps=4,
+            num_warps=4, launch_pdl=pdl_enabled(gate_up.device),
         )  # fmt: skip
     return out

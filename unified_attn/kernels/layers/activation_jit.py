@@ -7,6 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 # constexpr: a compiled kernel can read only constexpr globals (the interpreter reads any)
 GELU_TANH_BETA = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
 GELU_TANH_KAPPA = tl.constexpr(0.044715)
@@ -31,7 +33,9 @@ def act_and_mul_kernel(
     width,
     ACT: tl.constexpr,
     BLOCK: tl.constexpr,
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
+    pdl_start(launch_pdl)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < width

@@ -10,6 +10,7 @@ import triton
 
 from unified_attn.kernels.launch import FastLaunch
 from unified_attn.kernels.layers.norm_jit import rms_norm_kernel as rms_norm_kernel_jit
+from unified_attn.kernels.pdl import pdl_enabled
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 STYLES = {"llama": 0, "float32": 1, "gemma": 2}  # models.config.NormStyle
@@ -138,5 +139,5 @@ def _launch(
         rows, weight.contiguous(), out, r, r_out, num_rows, inner, rows.stride(0),
         rows.stride(1), r.stride(0), r_out.stride(0), width, eps,
         HAS_RESIDUAL=residual is not None, STYLE=STYLES[style], ROWS=t.rows, BLOCK=t.block,
-        CHUNKED=t.chunked, num_warps=t.num_warps,
+        CHUNKED=t.chunked, num_warps=t.num_warps, launch_pdl=pdl_enabled(rows.device),
     )  # fmt: skip

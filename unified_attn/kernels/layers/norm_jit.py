@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 
 @triton.jit
 def _scale(x, inv, w, STYLE: tl.constexpr):
@@ -56,7 +58,9 @@ def rms_norm_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     CHUNKED: tl.constexpr,
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
+    pdl_start(launch_pdl)
     pid = tl.program_id(0).to(tl.int64)
     if CHUNKED:  # ROWS == 1
         x_row = x_ptr + (pid // inner) * stride_outer + (pid % inner) * stride_inner

@@ -9,6 +9,7 @@ import triton
 
 from unified_attn.kernels.launch import FastLaunch
 from unified_attn.kernels.layers.rotary_jit import rotary_kernel as rotary_kernel_jit
+from unified_attn.kernels.pdl import pdl_enabled
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 STYLES = ("neox", "interleaved")  # models.config.RopeStyle
@@ -43,7 +44,7 @@ def apply_rotary(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0),
         q.shape[1], k.shape[1], HALF=half, BLOCK_HALF=block_half, BLOCK_H=block_h,
         INTERLEAVED=style == "interleaved", ROUND=style == "neox",
-        HAS_POSITIONS=positions is not None, num_warps=4,
+        HAS_POSITIONS=positions is not None, num_warps=4, launch_pdl=pdl_enabled(q.device),
         # no fused multiply-adds: each product is rounded on its own, as in torch (measured on
         # the H200: with them, 1 in 30 bf16 values was one step off torch's)
         enable_fp_fusion=False,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 
 @triton.jit
 def _rotate(x1, x2, c, s, ROUND: tl.constexpr):
@@ -66,7 +68,9 @@ def rotary_kernel(
     INTERLEAVED: tl.constexpr,
     ROUND: tl.constexpr,
     HAS_POSITIONS: tl.constexpr,
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
+    pdl_start(launch_pdl)
     token = tl.program_id(0).to(tl.int64)
     row = token
     if HAS_POSITIONS:

@@ -9,6 +9,7 @@ import triton
 
 from unified_attn.kernels.launch import FastLaunch
 from unified_attn.kernels.layers.skinny_gemm_jit import skinny_gemm_kernel as skinny_gemm_kernel_jit
+from unified_attn.kernels.pdl import pdl_enabled
 
 MAX_ROWS = 16  # BLOCK_M: decode batches up to 16 requests
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -75,5 +76,5 @@ def _launch(
         x, weight, weight if bias is None else bias, y, x.shape[0], n, k, x.stride(0),
         weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl_enabled(x.device),
     )  # fmt: skip

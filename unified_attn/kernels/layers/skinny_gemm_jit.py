@@ -13,6 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 
 @triton.jit
 def skinny_gemm_kernel(
@@ -31,7 +33,9 @@ def skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT: tl.constexpr,  # tl.dot input precision: "ieee" for float32 inputs
+    launch_pdl: tl.constexpr = False,  # kernels/pdl.py
 ):
+    pdl_start(launch_pdl)
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)

@@ -8,6 +8,8 @@ holds the last `K - 1` inputs of one request; slot -1 reads zeros / writes nothi
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 
 @triton.jit
 def find_request(query_start_loc_ptr, rows, num_requests, SEARCH_STEPS: tl.constexpr):
@@ -182,9 +184,7 @@ def causal_conv1d_update_kernel(
 ):
     """Decode: one program per (request, channel tile) owns its whole state tile, so one
     launch both reads and writes it (write == read is safe)."""
-    if launch_pdl:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_start(launch_pdl)
     request = tl.program_id(0).to(tl.int64)
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     channel_ok = channels < num_channels

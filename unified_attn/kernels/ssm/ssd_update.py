@@ -9,6 +9,8 @@ Memory-bound: each program streams one `[BLOCK_P, N]` float32 tile of a state bl
 import triton
 import triton.language as tl
 
+from unified_attn.kernels.pdl_jit import pdl_start
+
 
 @triton.jit
 def discretize_dt(dt_raw, dt_bias, dt_min, dt_max):
@@ -53,9 +55,7 @@ def ssd_state_update_kernel(
     BLOCK_N: tl.constexpr,
     launch_pdl: tl.constexpr,  # kernels/pdl.py
 ):
-    if launch_pdl:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_start(launch_pdl)
     request = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
