@@ -64,6 +64,11 @@ class EngineConfig:
     draft_model: str | None = None
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    # freeze the objects alive once the engine is built, so the serving loop's oldest-generation
+    # garbage collections skip them (vLLM's EngineCore does); `shutdown()` unfreezes them.
+    # An engine dropped without `shutdown()` may then keep its memory until another shuts down:
+    # False for programs that build many engines (`UNIFIED_ATTN_FREEZE_GC=0` too; runner/gc_heap)
+    freeze_gc: bool = attrs.field(default=True)
 
     @tensor_parallel_size.validator
     def _check_tp(self, _attribute: Any, value: int) -> None:
@@ -71,6 +76,11 @@ class EngineConfig:
             raise ValueError(
                 f"tensor_parallel_size must be a positive int, got {value!r}; 1 runs on one device"
             )
+
+    @freeze_gc.validator
+    def _check_freeze_gc(self, _attribute: Any, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(f"freeze_gc must be True or False, got {value!r}")
 
     @async_scheduling.validator
     def _check_async(self, _attribute: Any, value: bool | None) -> None:
@@ -181,23 +191,31 @@ class EngineStats:
 
 
 BATCH_INVARIANT_ENV = "UNIFIED_ATTN_BATCH_INVARIANT"
+FREEZE_GC_ENV = "UNIFIED_ATTN_FREEZE_GC"
 ENV_TRUE, ENV_FALSE = ("1", "true", "yes"), ("0", "false", "no")
 
 
 def with_environment(config: EngineConfig, environ: Mapping[str, str] = os.environ) -> EngineConfig:
     """The one place the package reads the environment for a mode: `UNIFIED_ATTN_BATCH_INVARIANT`
-    set to 1 / true / yes turns batch-invariant mode on (0 / false / no / unset: as configured;
-    anything else is refused). The engine resolves its config with it once; everything below
-    takes the mode as a value."""
-    value = environ.get(BATCH_INVARIANT_ENV, "").strip().lower()
+    set to 1 / true / yes turns batch-invariant mode on, and `UNIFIED_ATTN_FREEZE_GC` set to 0 /
+    false / no turns `freeze_gc` off (unset, or the other answer: as configured; anything else is
+    refused). The engine resolves its config with it once; everything below takes the values."""
+    if _switch(environ, BATCH_INVARIANT_ENV) is True and not config.batch_invariant:
+        config = attrs.evolve(config, batch_invariant=True)
+    if _switch(environ, FREEZE_GC_ENV) is False and config.freeze_gc:
+        config = attrs.evolve(config, freeze_gc=False)
+    return config
+
+
+def _switch(environ: Mapping[str, str], name: str) -> bool | None:
+    """`name` as a switch: True, False, or None when unset; any other value is refused."""
+    value = environ.get(name, "").strip().lower()
     if value not in ("", *ENV_TRUE, *ENV_FALSE):
         raise ValueError(
-            f"{BATCH_INVARIANT_ENV}={environ[BATCH_INVARIANT_ENV]!r} is not a switch; set it to "
-            "1, true or yes (on) or 0, false or no (off), or unset it"
+            f"{name}={environ[name]!r} is not a switch; set it to 1, true or yes (on) or 0, "
+            "false or no (off), or unset it"
         )
-    if not config.batch_invariant and value in ENV_TRUE:
-        return attrs.evolve(config, batch_invariant=True)
-    return config
+    return None if not value else value in ENV_TRUE
 
 
 def check_batch_invariant_options(config: EngineConfig) -> None:

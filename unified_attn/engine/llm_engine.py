@@ -52,6 +52,7 @@ from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
 from unified_attn.models.invariant import require_batch_invariant
 from unified_attn.runner.device import resolve_device
+from unified_attn.runner.gc_heap import freeze_startup_heap, unfreeze_heap
 from unified_attn.runner.kv_access import KVCacheAccess
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.scheduler import Scheduler
@@ -93,6 +94,9 @@ class LLMEngine(KVCacheAccess):
         if self._tp is not None:  # once every rank has built, collectives time out sooner
             self._tp.built()
             weakref.finalize(self, self._tp.shutdown)
+        self._frozen = config.freeze_gc
+        if self._frozen:  # the serving loop's collections skip the startup heap (gc_heap)
+            freeze_startup_heap()
 
     def _build(self, config: EngineConfig) -> None:
         n = config.tensor_parallel_size
@@ -367,9 +371,13 @@ class LLMEngine(KVCacheAccess):
         self._loop.step()
 
     def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks and leave their process group (nothing to do
-        on one device). The engine cannot step afterwards."""
+        """Stop the other tensor-parallel ranks and leave their process group, and give the
+        objects frozen at startup back to the garbage collector (`freeze_gc`). The engine
+        cannot step afterwards with tensor parallelism."""
         self._loop.finish_pending()
+        if self._frozen:
+            self._frozen = False
+            unfreeze_heap()
         if self._tp is not None:
             self.runner.graphs = None  # graphs hold the group's captured collectives
             self._tp.shutdown()

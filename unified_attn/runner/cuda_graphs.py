@@ -20,6 +20,7 @@ from typing import Any, cast
 import torch
 
 from unified_attn.backend import AttentionBackend, CommonAttentionMetadata
+from unified_attn.runner.gc_heap import gc_paused
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -117,7 +118,12 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Largest step first, so persistent scratch buffers are sized before any capture."""
+        """Largest step first, so persistent scratch buffers are sized before any capture; no
+        garbage collection meanwhile (`gc_heap.gc_paused`)."""
+        with gc_paused():
+            self._capture_all()
+
+    def _capture_all(self) -> None:
         for q in reversed(self.query_lens):
             for n in reversed(self.sizes):
                 self._prep(n, q, capture=True, inside=False)
