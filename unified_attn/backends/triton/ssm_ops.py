@@ -31,9 +31,9 @@ from unified_attn.backends.triton.ssm_checks import (
 )
 from unified_attn.kernels.launch import FastLaunchers
 from unified_attn.kernels.pdl import pdl_enabled
-from unified_attn.kernels.ssm import conv1d as conv1d_kernels
-from unified_attn.kernels.ssm import ssd_chunked as ssd_chunked_kernels
-from unified_attn.kernels.ssm import ssd_update as ssd_update_kernels
+from unified_attn.kernels.ssm import conv1d as conv1d_jit
+from unified_attn.kernels.ssm import ssd_chunked as ssd_chunked_jit
+from unified_attn.kernels.ssm import ssd_update as ssd_update_jit
 
 INT32 = (torch.int32,)
 # Tiles from benchmarks/tune_ssm_conv.py on an H200 (bf16, 10,240 channels): 16-row prefill
@@ -41,9 +41,9 @@ INT32 = (torch.int32,)
 CONV_BLOCK_T, CONV_BLOCK_C, CONV_WARPS = 16, 128, 4
 # the kernels past Triton's Python dispatch (kernels/launch.py): prefill steps launch six per
 # state layer
-conv1d = FastLaunchers(conv1d_kernels)
-ssd_chunked = FastLaunchers(ssd_chunked_kernels)
-ssd_update = FastLaunchers(ssd_update_kernels)
+conv1d = FastLaunchers(conv1d_jit)
+ssd_chunked = FastLaunchers(ssd_chunked_jit)
+ssd_update = FastLaunchers(ssd_update_jit)
 
 
 def conv_update_tiles(num_requests: int) -> tuple[int, int]:
