@@ -1,7 +1,7 @@
-"""The decode-row GEMM in a fused decoder (`UNIFIED_ATTN_SKINNY_GEMM=1`, `models/fused.py`;
-CPU: the Triton interpreter): every family feature of `test_fused.py` against the torch path,
-steps of up to 16 rows through the decode-row GEMM (counted), longer steps through the library
-GEMM, greedy decode steps, and the setting's validation."""
+"""The decode-row GEMM in a fused decoder (on unless `UNIFIED_ATTN_SKINNY_GEMM=0`,
+`models/fused.py`; CPU: the Triton interpreter): every family feature of `test_fused.py` against
+the torch path, steps of up to 16 rows through the decode-row GEMM (counted), longer steps
+through the library GEMM, greedy decode steps, and the setting's validation."""
 
 from __future__ import annotations
 
@@ -33,14 +33,10 @@ def test_skinny_decoder_matches_the_torch_path(name, skinny_calls):
     assert skinny_calls["skinny_linear"] >= 2 * CONFIGS[name].num_layers
 
 
-def test_every_projection_of_a_llama_layer_takes_it():
+def test_every_projection_of_a_llama_layer_takes_it(skinny_calls):
     """q/k/v, o, gate/up and down: four decode-row GEMMs per layer in a step."""
-    calls = Counter()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("UNIFIED_ATTN_SKINNY_GEMM", "1")
-        spy_on(patch, [(fused_module, "skinny_linear")], calls)
-        prefill_logits(make_model(LLAMA, fused=True), PROMPTS)
-    assert calls == Counter(skinny_linear=4 * LLAMA.num_layers)
+    prefill_logits(make_model(LLAMA, fused=True), PROMPTS)
+    assert skinny_calls == Counter(skinny_linear=4 * LLAMA.num_layers)
 
 
 def test_longer_steps_take_the_library_gemm(skinny_calls):
