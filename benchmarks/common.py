@@ -178,6 +178,23 @@ def warm_up_gpu(seconds: float = 0.3) -> None:
         torch.cuda.synchronize()
 
 
+def graph_replay_ms(graph: Any, windows: int = 5, replays: int = 10) -> float:
+    """ms per replay of a captured CUDA graph: the median of `windows` windows of `replays`
+    back-to-back replays (CUDA events), after one window of warm-up."""
+    import torch
+
+    times = []
+    for _ in range(windows + 1):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    return statistics.median(times[1:])
+
+
 def gpu_ms(fn: Callable[[], Any]) -> float:
     """Median ms per call of `fn` by `triton.testing.do_bench` (which clears L2 before each)."""
     import triton.testing

@@ -18,7 +18,6 @@ accumulate in another order). Writes `DIR/decode_gemm.json` and `.png`.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from common import (
     add_out_argument,
     capture_graph,
     csv_ints,
+    graph_replay_ms,
     make_console,
     output_dir,
     pyplot,
@@ -113,26 +113,13 @@ def run_model(path: str, layers: list[Layer], x: torch.Tensor, out: torch.Tensor
     out.copy_(h + res)
 
 
-def replay_ms(graph: Any) -> float:
-    windows = []
-    for _ in range(6):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        for _ in range(10):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        windows.append(start.elapsed_time(end) / 10)
-    return statistics.median(windows[1:])
-
-
 def measure_rows(rows: int, layers: list[Layer]) -> dict[str, Any]:
     x = (0.5 * torch.randn(rows, HIDDEN, device="cuda")).bfloat16()
     outs = {path: torch.empty_like(x) for path in PATHS}
     times = {}
     for path in PATHS:
         graph = capture_graph([lambda p=path: run_model(p, layers, x, outs[p])])
-        times[path] = replay_ms(graph)
+        times[path] = graph_replay_ms(graph)
     ref = outs["library"].float()
     diff = {p: ((outs[p].float() - ref).abs().max() / ref.abs().max()).item() for p in PATHS}
     return {"rows": rows, "ms": times,

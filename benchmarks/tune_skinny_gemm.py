@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import statistics
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from common import capture_graph, csv_ints, warm_up_gpu
+from common import capture_graph, csv_ints, graph_replay_ms, warm_up_gpu
 from model_step_device import copy_bandwidth
 
 from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS, Tiles, skinny_linear, skinny_tiles
@@ -45,24 +44,10 @@ def candidates(quick: bool) -> list[Tiles]:
     return list(itertools.product(*grid))
 
 
-def replay_ms(graph: Any) -> float:
-    """Median of 5 windows of 10 replays (CUDA events), after one window of warm-up."""
-    windows = []
-    for _ in range(6):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        for _ in range(10):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        windows.append(start.elapsed_time(end) / 10)
-    return statistics.median(windows[1:])
-
-
 def time_chain(gemm: Callable[[torch.Tensor], Any], weights: list[torch.Tensor]) -> float:
     """ms per GEMM of `gemm` over every weight, captured in one graph."""
     graph = capture_graph([lambda: [gemm(w) for w in weights]])
-    return replay_ms(graph) / len(weights)
+    return graph_replay_ms(graph) / len(weights)
 
 
 def sweep_shape(name: str, rows: int, tiles: list[Tiles], copy_bw: float) -> dict[str, Any]:
