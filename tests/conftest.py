@@ -7,7 +7,7 @@ import torch
 # which on a 2-core machine makes small CPU kernels orders of magnitude slower.
 torch.set_num_threads(1)
 
-# The suite builds thousands of engines in each worker and rarely shuts them down: with the
+# The suite builds hundreds of engines in each worker and rarely shuts them down: with the
 # startup heap frozen (`freeze_gc`, runner/gc_heap.py) the cyclic garbage of earlier engines
 # would stay until one shuts down. tests/runner/test_gc_heap.py turns it back on.
 os.environ.setdefault("UNIFIED_ATTN_FREEZE_GC", "0")
