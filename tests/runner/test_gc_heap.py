@@ -83,3 +83,13 @@ def test_the_command_refuses_a_bad_switch_in_one_line(collector, monkeypatch, ca
     assert len(err) == 1 and err[0].startswith(
         "unified-attn run: error: UNIFIED_ATTN_FREEZE_GC='maybe' is not a switch"
     )
+
+
+def test_freeze_if_configured_freezes_only_when_asked(collector):
+    """What rank 0's engine and every other tensor-parallel rank (`serve_rank`) run once
+    built."""
+    from unified_attn.runner.gc_heap import freeze_if_configured
+
+    gc.unfreeze()
+    assert freeze_if_configured(False) is False and gc.get_freeze_count() == 0
+    assert freeze_if_configured(True) is True and gc.get_freeze_count() > 0

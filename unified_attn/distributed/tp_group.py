@@ -47,6 +47,7 @@ from unified_attn.distributed.tp_rank import (
     make_worker,
     rank_model,
 )
+from unified_attn.runner.gc_heap import freeze_if_configured
 from unified_attn.runner.model_runner import ModelRunner
 from unified_attn.runner.scheduler import SchedulerOutput
 
@@ -67,6 +68,7 @@ def serve_rank(config: Any, rank: int, world_size: int, port: int | None = None)
     worker.allocate(num_blocks)
     runner = make_rank_runner(config, source, worker)
     startup_done(control)
+    freeze_if_configured(config.freeze_gc)  # as rank 0's engine (runner/gc_heap.py)
     replica = Replica()
     while (message := receive_message(control)) is not None:  # as long as rank 0 is idle
         run_step(runner, replica.output(message), message.launch)

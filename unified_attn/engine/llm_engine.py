@@ -52,7 +52,7 @@ from unified_attn.managers.events import KVCacheEvent
 from unified_attn.managers.eviction import check_eviction
 from unified_attn.models.invariant import require_batch_invariant
 from unified_attn.runner.device import resolve_device
-from unified_attn.runner.gc_heap import freeze_startup_heap, unfreeze_heap
+from unified_attn.runner.gc_heap import freeze_if_configured, unfreeze_heap
 from unified_attn.runner.kv_access import KVCacheAccess
 from unified_attn.runner.model_source import load_model
 from unified_attn.runner.scheduler import Scheduler
@@ -94,9 +94,8 @@ class LLMEngine(KVCacheAccess):
         if self._tp is not None:  # once every rank has built, collectives time out sooner
             self._tp.built()
             weakref.finalize(self, self._tp.shutdown)
-        self._frozen = config.freeze_gc
-        if self._frozen:  # the serving loop's collections skip the startup heap (gc_heap)
-            freeze_startup_heap()
+        # the serving loop's collections skip the startup heap (runner/gc_heap.py)
+        self._frozen = freeze_if_configured(config.freeze_gc)
 
     def _build(self, config: EngineConfig) -> None:
         n = config.tensor_parallel_size

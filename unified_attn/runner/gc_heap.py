@@ -25,6 +25,15 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def freeze_if_configured(freeze_gc: bool) -> bool:
+    """`freeze_startup_heap()` when `freeze_gc` (the engine's option): what rank 0's engine
+    and every other tensor-parallel rank run once built, so that no rank's collection stalls
+    the others' collectives. Returns `freeze_gc`."""
+    if freeze_gc:
+        freeze_startup_heap()
+    return freeze_gc
+
+
 def unfreeze_heap() -> None:
     """Return the frozen objects to the collector (`gc.unfreeze`)."""
     gc.unfreeze()
