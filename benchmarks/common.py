@@ -99,6 +99,17 @@ def write_json(
 # ---- text report -----------------------------------------------------------------------------
 
 
+def save_run(
+    args: Any, stem: str, results: dict, plot: Callable[[dict, Path, Console], None],
+    report: Callable[[dict, Console], None], console: Console,
+) -> None:  # fmt: skip
+    """A finished run: `DIR/<stem>.json`, `DIR/<stem>.png` (`plot`), then the tables (`report`)."""
+    out = output_dir(args)
+    write_json(out / f"{stem}.json", results)
+    plot(results, out / f"{stem}.png", console)
+    report(results, console)
+
+
 def make_console(width: int) -> Console:
     """The terminal's console, or one `width` columns wide when the output is not a terminal."""
     console = Console()

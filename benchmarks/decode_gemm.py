@@ -29,12 +29,11 @@ from common import (
     csv_ints,
     graph_replay_ms,
     make_console,
-    output_dir,
     pyplot,
     run_header,
     save_figure,
+    save_run,
     table,
-    write_json,
 )
 from model_step_device import copy_bandwidth
 
@@ -169,10 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         r["fraction_of_ideal"] = {p: r["ideal_ms"] / t for p, t in r["ms"].items()}
     results = {**run_header(SCHEMA, "decode_gemm.py", False, argv),
                "copy_bandwidth_bytes_per_s": copy_bw, "rows": rows}  # fmt: skip
-    out = output_dir(args)
-    write_json(out / "decode_gemm.json", results)
-    plot(results, out / "decode_gemm.png", console)
-    report(results, console)
+    save_run(args, "decode_gemm", results, plot, report, console)
     return 0
 
 

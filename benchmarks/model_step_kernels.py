@@ -33,12 +33,11 @@ from common import (
     add_out_argument,
     csv_ints,
     make_console,
-    output_dir,
     pyplot,
     run_header,
     save_figure,
+    save_run,
     table,
-    write_json,
 )
 from model_step_device import probe, replay_ms
 from model_step_shapes import (
@@ -247,10 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = run_header(SCHEMA, "model_step_kernels.py", False, argv)
     results = {**header, "model": args.model, "max_model_len": args.max_model_len,
                "ceilings": ceilings, "batches": rows}  # fmt: skip
-    out = output_dir(args)
-    write_json(out / "model_step_kernels.json", results)
-    plot(results, out / "model_step_kernels.png", console)
-    report(results, console)
+    save_run(args, "model_step_kernels", results, plot, report, console)
     return 0
 
 

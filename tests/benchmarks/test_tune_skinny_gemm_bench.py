@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmarks.smoke import assert_refuses_without_cuda
 from unified_attn.kernels.layers.skinny_gemm import skinny_tiles
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_skinny_gemm.py"
@@ -47,7 +48,4 @@ def test_bad_options_are_refused_in_one_line(bench, capsys, argv, message):
 
 def test_refuses_without_cuda(bench, capsys, monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as exc:
-        bench.main([])
-    assert exc.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert_refuses_without_cuda(bench, None, capsys)

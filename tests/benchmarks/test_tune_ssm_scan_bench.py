@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
+from tests.benchmarks.smoke import assert_refuses_without_cuda
 from unified_attn.backends.triton.ssm_ops import ScanTiles
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tune_ssm_scan.py"
@@ -22,7 +21,4 @@ def test_candidates_vary_one_kernel_over_the_defaults(bench):
 
 def test_refuses_without_cuda(bench, capsys, monkeypatch):
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit) as exc:
-        bench.main([])
-    assert exc.value.code == 2
-    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert_refuses_without_cuda(bench, None, capsys)

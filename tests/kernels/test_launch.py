@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from unified_attn.kernels.launch import FastLaunch, FastLaunchers, _arg_key
+from unified_attn.kernels.launch import FastLaunch, FastLaunchers, _arg_key, fast_launchers
 
 
 @triton.jit
@@ -59,3 +59,11 @@ def test_fast_launchers_wrap_each_kernel_of_a_module_once():
         getattr(launchers, "missing_kernel")  # noqa: B009
     with pytest.raises(AttributeError):  # private names (copy and pickle probes) are not kernels
         getattr(launchers, "__deepcopy__")  # noqa: B009
+
+
+def test_launchers_sharing_a_kernels_module_share_its_launchers():
+    from unified_attn.backends.triton import gated_delta_ops, ssm_ops
+    from unified_attn.kernels.ssm import ssd_chunked
+
+    assert fast_launchers(ssd_chunked) is fast_launchers(ssd_chunked)
+    assert ssm_ops.ssd_chunked is gated_delta_ops.ssd_chunked

@@ -15,6 +15,7 @@ one Triton would pick. Off CUDA (Triton's interpreter) every call is `kernel[gri
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -101,10 +102,18 @@ class FastLaunch:
                      hooks.launch_exit_hook, *values)  # fmt: skip
 
 
+@functools.cache
+def fast_launchers(module: Any) -> FastLaunchers:
+    """The one `FastLaunchers` of a kernels module (launchers that share a module share its
+    compiled kernels)."""
+    return FastLaunchers(module)
+
+
 class FastLaunchers:
     """A kernels module's Triton kernels, each through its own `FastLaunch`:
     `FastLaunchers(module).name_kernel[grid](...)` launches like `module.name_kernel[grid](...)`.
-    Each kernel's `FastLaunch` is made on first use and kept."""
+    Each kernel's `FastLaunch` is made on first use and kept; `fast_launchers` gives one per
+    module."""
 
     def __init__(self, module: Any) -> None:
         self._module = module

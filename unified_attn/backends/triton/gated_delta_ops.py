@@ -20,7 +20,7 @@ import triton
 
 from unified_attn.backends.gated_delta_math import L2_EPS
 from unified_attn.backends.triton.ssm_checks import FLOAT_DTYPES, check_slots, check_tensor
-from unified_attn.kernels.launch import FastLaunchers
+from unified_attn.kernels.launch import fast_launchers
 from unified_attn.kernels.ssm import gated_delta_chunked as chunked_jit
 from unified_attn.kernels.ssm import gated_delta_update as update_jit
 from unified_attn.kernels.ssm import gated_delta_varlen as varlen_jit
@@ -35,9 +35,9 @@ CHUNK: int = wy_jit.CHUNK.value  # rows of a chunk of the WY form (64)
 CHUNKED_BLOCK_V = 32  # state columns a chunked-form program keeps in registers (16-bit)
 VARLEN_KERNELS = ("auto", "chunked", "tokens")
 # the kernels past Triton's Python dispatch (kernels/launch.py)
-chunked_kernels, update_kernels = FastLaunchers(chunked_jit), FastLaunchers(update_jit)
-varlen_kernels, wy_kernels = FastLaunchers(varlen_jit), FastLaunchers(wy_jit)
-ssd_chunked = FastLaunchers(ssd_chunked_jit)
+chunked_kernels, update_kernels = fast_launchers(chunked_jit), fast_launchers(update_jit)
+varlen_kernels, wy_kernels = fast_launchers(varlen_jit), fast_launchers(wy_jit)
+ssd_chunked = fast_launchers(ssd_chunked_jit)
 
 
 def gated_delta_update(

@@ -29,7 +29,7 @@ from unified_attn.backends.triton.ssm_checks import (
     check_state_pool,
     check_tensor,
 )
-from unified_attn.kernels.launch import FastLaunchers
+from unified_attn.kernels.launch import fast_launchers
 from unified_attn.kernels.pdl import pdl_enabled
 from unified_attn.kernels.ssm import conv1d as conv1d_jit
 from unified_attn.kernels.ssm import ssd_chunked as ssd_chunked_jit
@@ -41,9 +41,9 @@ INT32 = (torch.int32,)
 CONV_BLOCK_T, CONV_BLOCK_C, CONV_WARPS = 16, 128, 4
 # the kernels past Triton's Python dispatch (kernels/launch.py): prefill steps launch six per
 # state layer
-conv1d = FastLaunchers(conv1d_jit)
-ssd_chunked = FastLaunchers(ssd_chunked_jit)
-ssd_update = FastLaunchers(ssd_update_jit)
+conv1d = fast_launchers(conv1d_jit)
+ssd_chunked = fast_launchers(ssd_chunked_jit)
+ssd_update = fast_launchers(ssd_update_jit)
 
 
 def conv_update_tiles(num_requests: int) -> tuple[int, int]:
