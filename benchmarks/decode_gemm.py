@@ -1,7 +1,7 @@
 """The decode-row GEMM (`kernels/layers/skinny_gemm.py`) against cuBLAS, same run, at
 Llama-3-8B's projections (hidden 4096, q/k/v 6144, gate/up 2 x 14336, bf16).
 
-    python benchmarks/decode_gemm.py [--rows 1,2,4,8,16] [--out DIR]
+    python benchmarks/decode_gemm.py [--rows 1,2,4,8,16,32,64] [--out DIR]
 
 For each row count M, 32 layers of distinct random weights (14 GB: no layer's weights are in L2
 when it starts) chained as a decoder layer without attention, captured in one CUDA graph and
@@ -49,12 +49,13 @@ PATHS = ("library", "skinny")
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=csv_ints, default=[1, 2, 4, 8, 16],
-                        help="decode row counts, 1 to 16, comma-separated")  # fmt: skip
+    parser.add_argument("--rows", type=csv_ints, default=[1, 2, 4, 8, 16, 32, 64],
+                        help=f"decode row counts, 1 to {sk.MAX_ROWS}, comma-separated")  # fmt: skip
     add_out_argument(parser)
     args = parser.parse_args(argv)
-    if max(args.rows) > 16:
-        parser.error(f"--rows: at most 16 (the decode-row GEMM's limit), got {max(args.rows)}")
+    if max(args.rows) > sk.MAX_ROWS:
+        parser.error(f"--rows: at most {sk.MAX_ROWS} (the decode-row GEMM's limit), got "
+                     f"{max(args.rows)}")  # fmt: skip
     return args
 
 

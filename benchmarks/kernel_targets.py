@@ -91,6 +91,9 @@ SHAPES = {
     "b64-32k": Shape(64, 32768, target=("tb_s", 3.0)),
     # a sliding-window layer at a long context: its 4k visible keys split like b1-4k's
     "b1-32k-window4k": Shape(1, 32768, window=4096),
+    # the decode rows of benchmarks/model_step.py's Llama-3-8B step (128-token prompts)
+    "b64-152": Shape(64, 152),
+    "b256-152": Shape(256, 152),
     "gpt-oss": Shape(64, 8192, 64, 8, 64, window=128, sinks=True, target=("us", 40.0)),
     "gpt-oss-page64": Shape(64, 8192, 64, 8, 64, page=64, window=128, sinks=True),
 }

@@ -1,6 +1,6 @@
 """Tile sweep of the decode-row GEMM (`kernels/layers/skinny_gemm.py`) on one GPU, bf16, at
 Llama-3-8B's four projections (q/k/v 6144 x 4096, o 4096 x 4096, gate/up 28672 x 4096, down
-4096 x 14336) and 1, 4 and 16 rows.
+4096 x 14336) and 1, 4, 16 and 64 rows.
 
 Each tile (BLOCK_N output columns, BLOCK_K chunk, warps, stages) runs over 32 distinct weights
 of the shape captured in one CUDA graph (no weight is in L2 when its GEMM starts, as in a decode
@@ -10,7 +10,7 @@ the cuBLAS chain's, all as a fraction of the weights' bytes at the device-to-dev
 bandwidth measured in the same run; then the best tiles per shape over all row counts
 (geometric mean of time / default time), what `skinny_tiles` should return.
 
-    python benchmarks/tune_skinny_gemm.py [--rows 1,4,16] [--quick]
+    python benchmarks/tune_skinny_gemm.py [--rows 1,4,16,64] [--quick]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import triton
 from common import capture_graph, csv_ints, graph_replay_ms, warm_up_gpu
 from model_step_device import copy_bandwidth
 
@@ -57,7 +58,7 @@ def sweep_shape(name: str, rows: int, tiles: list[Tiles], copy_bw: float) -> dic
                for _ in range(LAYERS)]  # fmt: skip
     x = torch.randn(rows, k, generator=gen, device="cuda").bfloat16()
     want = torch.matmul(x, weights[0].t()).float()
-    default = skinny_tiles(n, k, torch.bfloat16)
+    default = skinny_tiles(n, k, torch.bfloat16, max(16, triton.next_power_of_2(rows)))
     ms: dict[str, float] = {"cublas": time_chain(lambda w: torch.matmul(x, w.t()), weights)}
     for t in [default, *[t for t in tiles if t != default]]:
         try:
@@ -101,7 +102,7 @@ def report(results: list[dict[str, Any]]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=csv_ints, default=[1, 4, MAX_ROWS],
+    parser.add_argument("--rows", type=csv_ints, default=[1, 4, 16, MAX_ROWS],
                         help=f"decode row counts, 1 to {MAX_ROWS}, comma-separated")  # fmt: skip
     parser.add_argument("--shapes", default=",".join(SHAPES),
                         help=f"comma-separated, any of {', '.join(SHAPES)}")  # fmt: skip

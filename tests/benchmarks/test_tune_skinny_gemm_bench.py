@@ -36,7 +36,7 @@ def test_the_report_picks_the_best_tile_over_the_row_counts(bench, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--rows", "1,17"], "--rows: at most 16"),
+    (["--rows", "1,65"], "--rows: at most 64"),
     (["--shapes", "qkv,lm_head"], "--shapes: expected any of qkv, o, gate_up, down, got lm_head"),
 ])  # fmt: skip
 def test_bad_options_are_refused_in_one_line(bench, capsys, argv, message):

@@ -1,5 +1,6 @@
 """The decode-row GEMM (`kernels/layers/skinny_gemm.py`; CPU: the interpreter) against torch:
-1 to 16 rows, widths that are not multiples of the tiles, bias, and the inputs it refuses."""
+1 to 64 rows (blocks of 16, 32 and 64), widths that are not multiples of the tiles, bias, and
+the inputs it refuses."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import pytest
 import torch
 
 from tests.kernels.test_layers_norm import rand
-from unified_attn.kernels.layers.skinny_gemm import MAX_ROWS, skinny_linear, skinny_tiles
+from unified_attn.kernels.layers.skinny_gemm import (
+    MAX_ROWS,
+    SHARED_BUDGET,
+    skinny_linear,
+    skinny_tiles,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16]
@@ -34,7 +40,7 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 40, MAX_ROWS])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear(dtype, rows, with_bias):
     x, w = rand(rows, K, dtype=dtype).to(DEVICE), weight(N, K, dtype)
@@ -48,11 +54,23 @@ def test_default_tiles_follow_the_weight_shape():
     assert skinny_tiles(28672, 4096, torch.bfloat16) == (64, 256, 4, 3)
     assert skinny_tiles(4096, 14336, torch.bfloat16) == (32, 512, 4, 4)
     assert skinny_tiles(4096, 14336, torch.float32) == (32, 256, 4, 2)
+    assert skinny_tiles(4096, 4096, torch.bfloat16) == (32, 512, 4, 4)  # o: 128 programs
+
+
+def test_blocks_of_more_rows_keep_the_staged_tiles_within_shared_memory():
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]:
+        for dtype in (torch.bfloat16, torch.float32):
+            for block_m in (16, 32, 64):
+                block_n, block_k, _, stages = skinny_tiles(n, k, dtype, block_m)
+                staged = stages * (block_m + block_n) * block_k * dtype.itemsize
+                assert staged <= SHARED_BUDGET and block_k >= 64 and stages >= 2
+    assert skinny_tiles(4096, 4096, torch.bfloat16, 64) == (32, 256, 4, 4)  # K chunk first
+    assert skinny_tiles(28672, 4096, torch.bfloat16, 64) == (64, 256, 4, 3)
 
 
 def test_refuses_what_it_cannot_take():
     x, w = torch.zeros(MAX_ROWS + 1, K, device=DEVICE), weight(N, K, torch.float32)
-    with pytest.raises(ValueError, match=r"1 <= M <= 16 .*larger batches take the library GEMM"):
+    with pytest.raises(ValueError, match=r"1 <= M <= 64 .*larger batches take the library GEMM"):
         skinny_linear(x, w)
     with pytest.raises(ValueError, match=r"weight must be \[N, 80\]"):
         skinny_linear(x[:2], w[:, :40])

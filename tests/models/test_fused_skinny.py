@@ -76,6 +76,25 @@ def test_the_setting_is_on_by_default_and_validated(monkeypatch):
         make_model(LLAMA, fused=True)
 
 
+def test_the_row_limit_is_a_setting(skinny_calls, monkeypatch):
+    """`UNIFIED_ATTN_SKINNY_GEMM_ROWS` moves the limit: 20 rows take the decode-row GEMM (blocks of
+    32 rows) at 32, and stay on the library GEMM at 19; a value out of 1..64 is refused."""
+    prompts = [list(range(1, 21))]  # 20 rows
+    want = prefill_logits(make_model(LLAMA), prompts)[0]
+    monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM_ROWS", "32")
+    got = prefill_logits(make_model(LLAMA, fused=True), prompts)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert skinny_calls == Counter(skinny_linear=4 * LLAMA.num_layers)
+    monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM_ROWS", "19")
+    prefill_logits(make_model(LLAMA, fused=True), prompts)
+    assert skinny_calls == Counter(skinny_linear=4 * LLAMA.num_layers)  # no more calls
+    for bad in ("0", "65", "all"):
+        monkeypatch.setenv("UNIFIED_ATTN_SKINNY_GEMM_ROWS", bad)
+        with pytest.raises(ValueError, match=f"UNIFIED_ATTN_SKINNY_GEMM_ROWS='{bad}': expected "
+                           "an integer from 1 to 64"):  # fmt: skip
+            make_model(LLAMA)
+
+
 def test_a_bad_setting_is_refused_on_every_device(monkeypatch, capsys):
     """Read when any `DecoderModel` is built, not only a fused one on CUDA; the CLI says so in
     one line with exit code 2."""

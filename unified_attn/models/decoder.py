@@ -17,7 +17,7 @@ from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.backend.state_layers import STATE_OPTIONS
 from unified_attn.models.attention_model import CausalLM
 from unified_attn.models.config import LayerKind, ModelConfig
-from unified_attn.models.fused import fused_by_default, set_fused_layers, skinny_by_default
+from unified_attn.models.fused import fused_by_default, set_fused_layers, skinny_row_limit
 from unified_attn.models.invariant import invariant_linear, make_batch_invariant
 from unified_attn.models.layers import (
     FLOAT32_PARAMS,
@@ -109,7 +109,7 @@ class DecoderModel(CausalLM[ModelConfig, BackendKey]):
             make_batch_invariant(self)
         elif fused_by_default() and torch.device(device).type == "cuda":  # checked everywhere
             self.use_fused_layers()
-        skinny_by_default()  # a bad UNIFIED_ATTN_SKINNY_GEMM is refused on every device too
+        skinny_row_limit()  # a bad UNIFIED_ATTN_SKINNY_GEMM(_ROWS) is refused on every device too
 
     def use_fused_layers(self, enabled: bool = True) -> None:
         """Norms (with their residual adds), gated activations and RoPE as the Triton kernels

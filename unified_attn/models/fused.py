@@ -7,10 +7,11 @@ Triton kernels of `kernels/layers` (CUDA), one projection GEMM per packed group
 `UNIFIED_ATTN_FUSED_LAYERS=0` (`fused_by_default`; the GPU suites pass with them on an H200). A
 layer that can fuse offers `set_fused(enabled)` (`Fusable`).
 
-The fused attention and MLP layers run the projections of at most 16 rows (decode steps)
-through the decode-row GEMM of `kernels/layers/skinny_gemm.py` instead of cuBLAS (`project`)
-unless `UNIFIED_ATTN_SKINNY_GEMM=0`: on an H200 it took Llama-3-8B's decode step from 4.78 to
-4.63 ms at batch 1 and from 5.19 to 4.97 ms at batch 16 (benchmarks/README.md).
+The fused attention and MLP layers run the projections of at most `UNIFIED_ATTN_SKINNY_GEMM_ROWS`
+rows (default 16: decode steps) through the decode-row GEMM of `kernels/layers/skinny_gemm.py`
+instead of cuBLAS (`project`) unless `UNIFIED_ATTN_SKINNY_GEMM=0`: on an H200 it took
+Llama-3-8B's decode step from 4.78 to 4.63 ms at batch 1 and from 5.19 to 4.97 ms at batch 16
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Fusable(Protocol):
 
 FUSED_VARIABLE = "UNIFIED_ATTN_FUSED_LAYERS"
 SKINNY_VARIABLE = "UNIFIED_ATTN_SKINNY_GEMM"
+SKINNY_ROWS_VARIABLE = "UNIFIED_ATTN_SKINNY_GEMM_ROWS"
+DEFAULT_SKINNY_ROWS = 16
 
 
 def fused_by_default() -> bool:
@@ -54,16 +57,27 @@ def skinny_by_default() -> bool:
     return value == "1"
 
 
-def skinny_rows(x: torch.Tensor) -> bool:
-    """Whether x `[M, K]` suits the decode-row GEMM: 1 to `MAX_ROWS` contiguous rows."""
-    return x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.is_contiguous()
+def skinny_row_limit() -> int:
+    """The most rows a fused layer's projection sends through the decode-row GEMM: 0 when
+    `skinny_by_default()` says no, else `UNIFIED_ATTN_SKINNY_GEMM_ROWS` (1 to `MAX_ROWS`,
+    default `DEFAULT_SKINNY_ROWS`); any other value is refused."""
+    value = os.environ.get(SKINNY_ROWS_VARIABLE, str(DEFAULT_SKINNY_ROWS))
+    if not value.isdigit() or not 1 <= int(value) <= MAX_ROWS:
+        raise ValueError(f"{SKINNY_ROWS_VARIABLE}={value!r}: expected an integer from 1 to "
+                         f"{MAX_ROWS} (decode rows through the decode-row GEMM)")  # fmt: skip
+    return int(value) if skinny_by_default() else 0
 
 
-def project(layer: nn.Module | PackedLinear, x: torch.Tensor, skinny: bool) -> torch.Tensor:
-    """`layer(x)`; with `skinny`, decode rows (`skinny_rows`) through a plain `nn.Linear` or a
-    `PackedLinear` of x's dtype take the decode-row GEMM (a tensor-parallel linear, whose
-    collective is its own, keeps its forward)."""
-    if skinny and skinny_rows(x):
+def skinny_rows(x: torch.Tensor, max_rows: int) -> bool:
+    """Whether x `[M, K]` suits the decode-row GEMM: 1 to `max_rows` contiguous rows."""
+    return x.dim() == 2 and 0 < x.shape[0] <= max_rows and x.is_contiguous()
+
+
+def project(layer: nn.Module | PackedLinear, x: torch.Tensor, max_rows: int) -> torch.Tensor:
+    """`layer(x)`; steps of at most `max_rows` rows (`skinny_rows`; 0: none) through a plain
+    `nn.Linear` or a `PackedLinear` of x's dtype take the decode-row GEMM (a tensor-parallel
+    linear, whose collective is its own, keeps its forward)."""
+    if max_rows and skinny_rows(x, max_rows):
         weight: torch.Tensor | None = None
         if isinstance(layer, PackedLinear):
             weight, bias = layer.parameters_now()

@@ -11,7 +11,7 @@ from torch import nn
 from unified_attn.backend import AttentionBackend, LayerConfig
 from unified_attn.kernels.layers import norm as norm_kernels
 from unified_attn.models.config import AttnTemperature, LayerKind, ModelConfig, NormStyle
-from unified_attn.models.fused import PackedLinear, project, skinny_by_default
+from unified_attn.models.fused import PackedLinear, project, skinny_row_limit
 from unified_attn.models.gated_delta import GatedDeltaNet
 from unified_attn.models.linear_attention import LinearAttention
 from unified_attn.models.mlp import make_mlp
@@ -152,13 +152,13 @@ class Attention(nn.Module):
         # state dict, so checkpoints without them load unchanged
         self.register_buffer("kv_scales", None, persistent=False)
         self.packed = None
-        self.skinny = False
+        self.skinny = 0  # rows up to which projections take the decode-row GEMM
 
     def set_fused(self, enabled: bool) -> None:
         if enabled and not self.fused_qkv and self.packed is None:
             self.packed = PackedLinear([self.q_proj, self.k_proj, self.v_proj])
         self.fused = enabled
-        self.skinny = enabled and skinny_by_default()
+        self.skinny = skinny_row_limit() if enabled else 0
 
     def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """hidden `[T, hidden_size]` -> q `[T, Hq * D]` (with its gates: `[T, Hq * 2D]`), k

@@ -9,7 +9,7 @@ from torch import nn
 
 from unified_attn.kernels.layers.activation import act_and_mul
 from unified_attn.models.config import ModelConfig
-from unified_attn.models.fused import PackedLinear, project, skinny_by_default
+from unified_attn.models.fused import PackedLinear, project, skinny_row_limit
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +46,7 @@ class MLP(nn.Module):
         hidden, inter = hidden_size, intermediate_size
         self.act, self.kind = ACTIVATIONS[kind], kind
         self.fused_gate_up, self.fused, self.packed = fused_gate_up, False, None
-        self.skinny = False
+        self.skinny = 0  # rows up to which projections take the decode-row GEMM
         if fused_gate_up:
             self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=bias)
         else:
@@ -58,7 +58,7 @@ class MLP(nn.Module):
         if enabled and not self.fused_gate_up and self.packed is None:
             self.packed = PackedLinear([self.gate_proj, self.up_proj])
         self.fused = enabled
-        self.skinny = enabled and skinny_by_default()
+        self.skinny = skinny_row_limit() if enabled else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused:

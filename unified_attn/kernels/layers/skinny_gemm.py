@@ -11,7 +11,8 @@ from unified_attn.kernels.launch import FastLaunch
 from unified_attn.kernels.layers.skinny_gemm_jit import skinny_gemm_kernel as skinny_gemm_kernel_jit
 from unified_attn.kernels.pdl import pdl_enabled
 
-MAX_ROWS = 16  # BLOCK_M: decode batches up to 16 requests
+MAX_ROWS = 64  # the largest BLOCK_M: decode batches up to 64 requests
+SHARED_BUDGET = 200 * 1024  # bytes of staged x and weight tiles per program (sm90: 227 KiB)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 Tiles = tuple[int, int, int, int]  # BLOCK_N, BLOCK_K, num_warps, num_stages
 
@@ -19,15 +20,25 @@ Tiles = tuple[int, int, int, int]  # BLOCK_N, BLOCK_K, num_warps, num_stages
 skinny_gemm_kernel = FastLaunch(skinny_gemm_kernel_jit)
 
 
-def skinny_tiles(n: int, k: int, dtype: torch.dtype) -> Tiles:
-    """Per weight shape, from an H200 sweep at one row (bf16, Llama-3-8B's projections): 64
-    columns for weights of 16k rows or more, else 32; chunks of 512 along K from 8k columns,
-    else 256; 4 warps; 4 stages (3 with 64 columns); float32 halves the chunk."""
+def skinny_tiles(n: int, k: int, dtype: torch.dtype, block_m: int = 16) -> Tiles:
+    """Per weight shape, from H200 sweeps (bf16, Llama-3-8B's projections,
+    `benchmarks/tune_skinny_gemm.py`): 64 columns for weights of 16k rows or more, else 32;
+    chunks of 512 along K for weights of 8k+ columns or at most 4k rows (o and down: 128
+    programs, each with more bytes in flight), else 256; 4 warps; 4 stages (3 with 64
+    columns); float32 halves the chunk. Blocks of more rows then give up K chunk (down to 256)
+    and stages (down to 2) until the staged tiles fit `SHARED_BUDGET`."""
     block_n = 64 if n >= 16384 else 32
-    block_k = 512 if k >= 8192 else 256
+    block_k = 512 if k >= 8192 or n <= 4096 else 256
     stages = 3 if block_n == 64 else 4
     if dtype == torch.float32:
         block_k, stages = block_k // 2, 2
+    while stages * (block_m + block_n) * block_k * dtype.itemsize > SHARED_BUDGET:
+        if block_k > 256:
+            block_k //= 2
+        elif stages > 2:
+            stages -= 1
+        else:
+            block_k //= 2
     return block_n, block_k, 4, stages
 
 
@@ -70,11 +81,12 @@ def _launch(
     tiles: Tiles | None,
 ) -> None:  # fmt: skip
     n, k = weight.shape
-    block_n, block_k, num_warps, num_stages = tiles or skinny_tiles(n, k, x.dtype)
+    block_m = max(16, triton.next_power_of_2(x.shape[0]))
+    block_n, block_k, num_warps, num_stages = tiles or skinny_tiles(n, k, x.dtype, block_m)
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, y, x.shape[0], n, k, x.stride(0),
-        weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS,
+        weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, DOT="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl_enabled(x.device),
     )  # fmt: skip

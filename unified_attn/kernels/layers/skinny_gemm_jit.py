@@ -1,5 +1,5 @@
 """A GEMM for decode rows (launcher: `skinny_gemm.py`): `y = x @ W^T (+ bias)` for a few rows
-(M <= BLOCK_M = 16) against a weight `W [N, K]` read once, each program owning BLOCK_N output
+(M <= BLOCK_M, 16 to 64) against a weight `W [N, K]` read once, each program owning BLOCK_N output
 columns over the whole of K (no split-K, no reduction kernel).
 
 The residual add + RMSNorm and the gated activation stay in their own kernels: fused in front of
