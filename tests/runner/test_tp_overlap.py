@@ -44,7 +44,7 @@ def tight_memory(preset: str, **options) -> int:
 def mixed_workload(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     """tests/runner/test_async_scheduling.py's requests (greedy and seeded, stop tokens,
     max_tokens, EOS), a seeded one that stops on a token (r11) and requests that sample with
-    the engine's generator (r2, r5, r10);
+    the engine's generator (r2, r5, r10); r6 and r8 have penalties (r8 also `min_tokens`);
     r3 and r13 read their log-probabilities, so steps run plainly, and sample randomly, while
     they are queued: plain steps first, then overlapped ones, plain ones again, overlapped."""
     jobs = workload(vocab)
@@ -53,6 +53,11 @@ def mixed_workload(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     jobs[2] = (jobs[2][0], SamplingParams(max_tokens=30, **unseeded))
     jobs[3] = ([3, 4, 5, 6, 7], SamplingParams(max_tokens=3, logprobs=1, **unseeded))
     jobs[5] = (jobs[5][0], SamplingParams(max_tokens=16, top_p=0.9, **unseeded))
+    # sampling that reads the outputs (with the token in flight, on every rank)
+    jobs[6] = (jobs[6][0], SamplingParams(max_tokens=14, repetition_penalty=1.6,
+                                          ignore_eos=True, output_kind=FINAL))  # fmt: skip
+    jobs[8] = (jobs[8][0], SamplingParams(max_tokens=12, presence_penalty=1.2, min_tokens=5,
+                                          seed=21, **unseeded))  # fmt: skip
     jobs.append((head, SamplingParams(max_tokens=30, **unseeded)))
     # stops on its 15th token (every preset here), a step before its max_tokens
     stops = tuple(range(3, vocab, 17))

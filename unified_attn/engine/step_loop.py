@@ -17,10 +17,14 @@ scheduled once more in N+1; that token is dropped. `max_tokens` and `max_model_l
 ahead, so no step is scheduled past them. A request preempted while its token is in flight keeps
 the token. Greedy tokens are the same with and without overlap.
 
-Steps overlap only when every request only samples: no log-probabilities, prompt or sample
-logits, penalties, `min_tokens`, bad words, allowed tokens or logit bias (their processing reads
-the output tokens on the host), and no speculative decoding (drafts are proposed from the
-tokens). Otherwise the step in flight is finished first and the step runs plainly.
+Steps overlap unless a request asks for log-probabilities or prompt or sample logits (read on
+the host from each step's rows) or the engine decodes speculatively (drafts are proposed from
+the tokens); then the step in flight is finished first and the step runs plainly. Penalties,
+bad words and `min_tokens` read a request's output tokens: an overlapped step samples them with
+the token still in flight appended, read from the previous step's host copy once its forward is
+queued (`runner/overlap.with_tokens_in_flight`, as vLLM 0.33's async scheduling fills its
+placeholders in `update_async_output_token_ids` before sampling); logit bias and allowed tokens
+read nothing of the outputs.
 
 Tensor parallelism: rank 0 tells the other ranks, in each step's message, whether it launched
 the step (`StepMessage.launch`); if so they launch it too (`tp_group.run_step`), and every rank
@@ -73,18 +77,10 @@ def overlap_steps(config: EngineConfig, device: torch.device) -> bool:
 
 
 def overlappable(request: Request) -> bool:
-    """Whether a request's steps may be scheduled before its previous token reaches the host
-    (its sampling reads nothing of its output on the host)."""
+    """Whether a request's steps may be scheduled before its previous token reaches the host:
+    all but those asking for log-probabilities or logits (see the module docstring)."""
     params = request.sampling_params
-    return not (
-        params.logprobs is not None
-        or params.needs_prompt_rows
-        or params.return_logits
-        or params.has_penalties
-        or params.changes_logits
-        or params.min_tokens > 0
-        or request.bad_words_token_ids
-    )
+    return not (params.logprobs is not None or params.needs_prompt_rows or params.return_logits)
 
 
 class StepLoop:

@@ -13,7 +13,7 @@ import torch
 from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.device import pinned_to
-from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, host_copy
+from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, with_tokens_in_flight
 from unified_attn.runner.runner_groups import (
     backend_group_ids,
     cross_group_ids,
@@ -111,9 +111,9 @@ class ModelRunner:
         """Run a step without waiting for it: the forward and the sampling are queued on the
         device, the sampled ids stay there for the next step's inputs (`DeviceTokens`) and, with
         `to_host` (not on tensor-parallel ranks other than 0), start their way to the host
-        (`PendingStep.result()` waits for them). For steps whose requests only sample (no
-        log-probabilities, logits, penalties or drafts: `step_loop.overlappable`), whose tokens
-        are the same as `execute`'s."""
+        (`PendingStep.result()` waits for them). For steps without log-probabilities, logits or
+        drafts (`step_loop.overlappable`), whose tokens are the same as `execute`'s: requests
+        whose sampling reads their outputs see the token in flight (`with_tokens_in_flight`)."""
         self._drop_finished(output)
         pending = PendingStep(output)
         if not output.scheduled:
@@ -125,11 +125,11 @@ class ModelRunner:
         requests = [s.request for s in output.scheduled if s.will_sample]
         if len(requests) != len(logits):
             raise ValueError("launch: a step with draft tokens cannot overlap; use execute")
-        ids = self.sampler.sample_ids(logits, requests)
-        pending.request_ids = rids = [r.request_id for r in requests]
-        self.device_tokens = DeviceTokens(ids, {rid: j for j, rid in enumerate(rids)})
-        if to_host:
-            pending.host_ids, pending.event = host_copy(ids)
+        ids = self.sampler.sample_ids(logits, with_tokens_in_flight(requests, self.device_tokens))
+        pending.request_ids = [r.request_id for r in requests]
+        self.device_tokens = DeviceTokens.of_step(ids, requests, to_host)
+        if to_host and self.device_tokens.host is not None:
+            pending.host_ids, pending.event = self.device_tokens.host
         return pending
 
     def _drop_finished(self, output: SchedulerOutput) -> None:

@@ -4,27 +4,54 @@ the sampled ids on the device, which the next step reads as input without a host
 behind the forward and read once the copy is done (`PendingStep`). Also the asynchronous host
 to device copy every step input goes through (`pinned_to`): a copy from pageable memory makes
 the host wait for the device, which would serialise the host's next step with this one
-(`runner/device.pinned_to`). And the
-random draws a tensor-parallel rank other than 0 makes in plain steps (`draw_along`), which keep
+(`runner/device.pinned_to`). The requests whose sampling reads their output tokens
+(penalties, bad words, `min_tokens`) get the token the step in flight sampled for them before
+the next step samples (`with_tokens_in_flight`, as vLLM's `update_async_output_token_ids`). And
+the random draws a tensor-parallel rank other than 0 makes in plain steps (`draw_along`), which keep
 its generators in step with rank 0's for the overlapped steps every rank samples."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import torch
 
+from unified_attn.request import Request
 from unified_attn.runner.device import pinned_to
-from unified_attn.runner.sampler import Sampler
+from unified_attn.runner.sampler import ExtendedRequest, Sampler, reads_outputs
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
+
+HostIds = tuple[torch.Tensor, "torch.cuda.Event | None"]  # a copy on its way (`host_copy`)
 
 
 @attrs.frozen
 class DeviceTokens:
-    """The ids sampled by the last launched step, on the device, and each request's row."""
+    """The ids sampled by the last launched step, on the device, each request's row, and the
+    ids' copy to the host if the step started one."""
 
     ids: torch.Tensor  # [N] int64
     rows: dict[str, int]
+    host: HostIds | None = None
+
+    @staticmethod
+    def of_step(ids: torch.Tensor, requests: Sequence[Request], to_host: bool) -> DeviceTokens:
+        """A launched step's ids `[N]` (row i: `requests[i]`), copied to the host when `to_host`
+        or when a request reads its outputs (the next step's sampling needs its token)."""
+        host = host_copy(ids) if to_host or any(map(reads_outputs, requests)) else None
+        return DeviceTokens(ids, {r.request_id: j for j, r in enumerate(requests)}, host)
+
+    def on_host(self) -> dict[str, int]:
+        """Each request's id on the host: waits for their copy only, not for the steps launched
+        after."""
+        if self.host is None:
+            raise RuntimeError("the last launched step did not copy its ids to the host")
+        tensor, event = self.host
+        if event is not None:
+            event.synchronize()
+        tokens: list[int] = tensor.tolist()
+        return {rid: tokens[row] for rid, row in self.rows.items()}
 
     @staticmethod
     def none() -> DeviceTokens:
@@ -47,6 +74,32 @@ class DeviceTokens:
 _NO_TOKENS = DeviceTokens(torch.zeros(0, dtype=torch.int64), {})
 
 
+def with_tokens_in_flight(
+    requests: Sequence[Request], tokens: DeviceTokens
+) -> Sequence[Request | ExtendedRequest]:
+    """`requests`, each whose sampling reads its output tokens (`reads_outputs`) and has a token
+    in flight (sampled by the last launched step, `tokens`, not yet in its `output_token_ids`)
+    seen with that token appended: their penalties, bad words and `min_tokens` then read what a
+    plain step would. Waits for the last step's ids only when such a request is in the batch
+    (the forward of this step is already queued behind it)."""
+    waiting = [r for r in requests if r.num_output_placeholders and reads_outputs(r)]
+    if not waiting:
+        return requests
+    in_flight = tokens.on_host()
+    for r in waiting:
+        if r.num_output_placeholders != 1 or r.request_id not in in_flight:
+            raise RuntimeError(
+                f"request {r.request_id!r} has {r.num_output_placeholders} tokens in flight, "
+                "expected 1 sampled by the last launched step"
+            )
+    return [
+        ExtendedRequest(r, [*r.output_token_ids, in_flight[r.request_id]])
+        if r.num_output_placeholders and reads_outputs(r)
+        else r
+        for r in requests
+    ]
+
+
 def draw_along(sampler: Sampler, output: SchedulerOutput, logits: torch.Tensor) -> None:
     """A tensor-parallel rank other than 0, in a plain step (`ModelRunner.execute(sample=False)`):
     make the random draws rank 0's sampling makes, so that every rank's generators (the
@@ -62,7 +115,7 @@ def draw_along(sampler: Sampler, output: SchedulerOutput, logits: torch.Tensor) 
         sampler.sample_ids(logits, requests)
 
 
-def host_copy(ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+def host_copy(ids: torch.Tensor) -> HostIds:
     """Start copying device `ids` to the host; returns the host tensor and, on CUDA, the event
     that marks the copy done (on the CPU the copy is done at once)."""
     if ids.device.type != "cuda":

@@ -135,6 +135,14 @@ def stop_token_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> list
     return [*params.stop_token_ids, *(() if params.ignore_eos else eos_token_ids)]
 
 
+def reads_outputs(request: Request) -> bool:
+    """Whether sampling `request` reads its output tokens (penalties, bad words) or their count
+    (`min_tokens`), so that an overlapped step needs the token still in flight
+    (`overlap.with_tokens_in_flight`)."""
+    params: SamplingParams = request.sampling_params
+    return params.has_penalties or params.min_tokens > 0 or bool(request.bad_words_token_ids)
+
+
 class Sampler:
     """Samples one token per row; a seeded request keeps its own generator for its whole life
     (across preemption), others share the engine's."""
@@ -166,7 +174,9 @@ class Sampler:
         tokens: list[int] = self.sample_ids(logits, requests).tolist()  # the one transfer
         return SamplerOutput(tokens, self._logprobs(logits, tokens, requests))
 
-    def sample_ids(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    def sample_ids(
+        self, logits: torch.Tensor, requests: Sequence[Request | ExtendedRequest]
+    ) -> torch.Tensor:
         """`sample`'s tokens `[N]` int64, left on the device (no host synchronisation)."""
         processed = self._process(logits, requests)
         sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
@@ -180,7 +190,9 @@ class Sampler:
             chosen = processed.argmax(dim=-1).index_copy(0, rows, drawn)
         return chosen
 
-    def _draw(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    def _draw(
+        self, logits: torch.Tensor, requests: Sequence[Request | ExtendedRequest]
+    ) -> torch.Tensor:
         """One token per row of `logits [S, V]` of sampled requests, on the device."""
         params = [r.sampling_params for r in requests]
         tensors = SamplingTensors.build(params, logits.shape[-1], logits.device)
@@ -210,7 +222,7 @@ class Sampler:
         tokens: list[int] = []
         outputs = list(request.output_token_ids)
         for j in range(len(drafts) + 1):
-            row = self._process_row(logits[j], _Extended(request, outputs), force=False)
+            row = self._process_row(logits[j], ExtendedRequest(request, outputs), force=False)
             draft = drafts[j] if j < len(drafts) else None
             token = self._verify_row(row, request, params, draft)
             tokens.append(token)
@@ -246,7 +258,9 @@ class Sampler:
             probs[draft] = 0.0
         return int(exponential_race(probs[None], {0: generator}, None)[0])
 
-    def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    def _process(
+        self, logits: torch.Tensor, requests: Sequence[Request | ExtendedRequest]
+    ) -> torch.Tensor:
         """`min_tokens` masks and penalties, on a copy, for the rows that have them."""
         rows = [i for i, r in enumerate(requests) if self._needs_processing(r)]
         if not rows:
@@ -257,7 +271,7 @@ class Sampler:
         return out
 
     @staticmethod
-    def _needs_processing(request: Request | _Extended) -> bool:
+    def _needs_processing(request: Request | ExtendedRequest) -> bool:
         params: SamplingParams = request.sampling_params
         return (
             params.has_penalties
@@ -266,7 +280,7 @@ class Sampler:
         )
 
     def _process_row(
-        self, row: torch.Tensor, request: Request | _Extended, force: bool = True
+        self, row: torch.Tensor, request: Request | ExtendedRequest, force: bool = True
     ) -> torch.Tensor:
         """`min_tokens` masks and penalties of one row (`force=False`: only if it needs
         them)."""
@@ -300,7 +314,7 @@ class Sampler:
             self.disallowed_masks[request_id] = mask
         return row.masked_fill(mask, float("-inf"))
 
-    def _prompt_mask(self, request: Request | _Extended, row: torch.Tensor) -> torch.Tensor:
+    def _prompt_mask(self, request: Request | ExtendedRequest, row: torch.Tensor) -> torch.Tensor:
         mask = self.prompt_masks.get(request.request_id)
         if mask is None:
             mask = torch.zeros(row.shape[-1], dtype=torch.bool, device=row.device)
@@ -340,9 +354,10 @@ class Sampler:
 
 
 @attrs.frozen
-class _Extended:
-    """A request as it would be with `output_token_ids` (its own plus accepted drafts): what
-    `min_tokens` and the penalties read when a draft position is verified."""
+class ExtendedRequest:
+    """A request as it would be with `output_token_ids` (its own plus accepted drafts, or plus
+    the token a step in flight sampled for it): what `min_tokens`, bad words and the penalties
+    read when a draft position is verified or an overlapped step samples."""
 
     request: Request
     output_token_ids: list[int]
