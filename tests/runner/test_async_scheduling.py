@@ -6,6 +6,7 @@ those of plain steps. (The randomized soak runs the same option: tests/runner/te
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -137,11 +138,11 @@ def test_each_step_returns_one_steps_outputs():
     assert not engine.has_unfinished_requests()
 
 
-def test_requests_that_read_their_outputs_on_the_host_run_plain_steps(spy):
+def test_requests_that_read_their_logits_on_the_host_run_plain_steps(spy):
     engine = LLMEngine("tiny-llama", async_scheduling=True, **ENGINE)
     plain = LLMEngine("tiny-llama", async_scheduling=False, **ENGINE)
     params = [
-        SamplingParams(max_tokens=5, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=5, logprobs=2, prompt_logprobs=1, ignore_eos=True),
         SamplingParams(max_tokens=5, repetition_penalty=1.3, ignore_eos=True),
         SamplingParams(max_tokens=5, ignore_eos=True),
     ]
@@ -159,12 +160,12 @@ def test_overlappable_names_what_reads_outputs_on_the_host():
     assert overlappable(request())
     assert overlappable(request(temperature=0.7, top_p=0.9, top_k=5, seed=3))
     assert overlappable(request(stop=["a"], stop_token_ids=[3], max_tokens=4))
-    for kw in [  # read their outputs with the token in flight appended
+    for kw in [  # read their outputs with the token in flight appended, or log-probabilities
         dict(presence_penalty=0.5), dict(repetition_penalty=1.2), dict(min_tokens=2),
-        dict(logit_bias={1: 2.0}), dict(allowed_token_ids=[1, 2]),
+        dict(logit_bias={1: 2.0}), dict(allowed_token_ids=[1, 2]), dict(logprobs=0),
     ]:  # fmt: skip
         assert overlappable(request(**kw)), kw
-    for kw in [dict(logprobs=0), dict(prompt_logprobs=1), dict(return_logits=True)]:
+    for kw in [dict(prompt_logprobs=1), dict(prompt_logits=True), dict(return_logits=True)]:
         assert not overlappable(request(**kw)), kw
 
 
@@ -239,6 +240,48 @@ def test_a_bad_async_scheduling_value_is_refused_and_names_the_choices(value):
     with pytest.raises(ValueError, match=r"async_scheduling must be True, False or None"):
         LLMEngine("tiny-llama", async_scheduling=value, **ENGINE)
     assert LLMEngine("tiny-llama", **ENGINE).generate([[1, 2]], SamplingParams(max_tokens=2))
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "gemma2-like"])
+def test_log_probabilities_of_overlapped_steps_equal_plain_steps(preset, spy):
+    """Sample log-probabilities (top 2, 0 or 20, or none) of greedy, seeded and penalized
+    requests come back with the ids, equal to plain steps', under preemption."""
+    plain = tight_engine(preset, async_scheduling=False)
+    jobs = [
+        (prompt, attrs.evolve(params, logprobs=[2, 0, None, 20][i % 4]))
+        for i, (prompt, params) in enumerate(reading_jobs(plain))
+    ]
+    want = serve_outputs(plain, jobs)
+    assert spy["launch"] == 0 and plain.scheduler.num_preemptions > 0
+    overlapped = tight_engine(preset, async_scheduling=True)
+    got = serve_outputs(overlapped, jobs)
+    assert spy["launch"] >= 10 and overlapped.scheduler.num_preemptions > 0
+    assert got.keys() == want.keys()
+    for rid, completion in got.items():
+        assert completion.token_ids == want[rid].token_ids, rid
+        assert (completion.logprobs is None) == (want[rid].logprobs is None), rid
+        if completion.logprobs is None:
+            continue
+        for token, a, b in zip(completion.token_ids, completion.logprobs, want[rid].logprobs,
+                               strict=True):  # fmt: skip
+            # the batches differ (preemption, a dropped step): float32 logits differ in ulps
+            assert a[token].logprob == pytest.approx(b[token].logprob, abs=1e-5)
+            assert len(a) == len(b)
+            assert sorted(v.logprob for v in a.values()) == pytest.approx(
+                sorted(v.logprob for v in b.values()), abs=1e-5
+            )
+    logprobs = [lp for c in got.values() for lp in c.logprobs or ()]
+    assert len(logprobs) > 50 and any(len(lp) >= 20 for lp in logprobs)
+
+
+def serve_outputs(engine: LLMEngine, jobs: list[tuple[list[int], SamplingParams]]) -> dict:
+    """Every request of `jobs` at once; each one's final completion (tokens, logprobs...)."""
+    for i, (prompt, params) in enumerate(jobs):
+        engine.add_request(f"r{i}", prompt, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+    return done
 
 
 def test_the_token_in_flight_is_appended_only_where_sampling_reads_outputs():

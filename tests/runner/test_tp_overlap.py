@@ -45,13 +45,14 @@ def mixed_workload(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     """tests/runner/test_async_scheduling.py's requests (greedy and seeded, stop tokens,
     max_tokens, EOS), a seeded one that stops on a token (r11) and requests that sample with
     the engine's generator (r2, r5, r10); r6 and r8 have penalties (r8 also `min_tokens`);
-    r3 and r13 read their log-probabilities, so steps run plainly, and sample randomly, while
+    r3 and r13 read their prompt log-probabilities, so steps run plainly, and sample randomly, while
     they are queued: plain steps first, then overlapped ones, plain ones again, overlapped."""
     jobs = workload(vocab)
     unseeded = dict(temperature=1.0, ignore_eos=True, output_kind=FINAL)
     head = [(5 * j + 1) % vocab for j in range(9)]
     jobs[2] = (jobs[2][0], SamplingParams(max_tokens=30, **unseeded))
-    jobs[3] = ([3, 4, 5, 6, 7], SamplingParams(max_tokens=3, logprobs=1, **unseeded))
+    jobs[3] = ([3, 4, 5, 6, 7], SamplingParams(max_tokens=3, logprobs=1, prompt_logprobs=1,
+                                                **unseeded))  # fmt: skip
     jobs[5] = (jobs[5][0], SamplingParams(max_tokens=16, top_p=0.9, **unseeded))
     # sampling that reads the outputs (with the token in flight, on every rank)
     jobs[6] = (jobs[6][0], SamplingParams(max_tokens=14, repetition_penalty=1.6,
@@ -64,13 +65,13 @@ def mixed_workload(vocab: int) -> list[tuple[list[int], SamplingParams]]:
     jobs.append((head[:4], SamplingParams(max_tokens=16, seed=12, stop_token_ids=stops,
                                           **unseeded)))  # fmt: skip
     jobs.append((head[3:], SamplingParams(max_tokens=40, ignore_eos=True, output_kind=FINAL)))
-    jobs.append((head[2:], SamplingParams(max_tokens=3, logprobs=0, **unseeded)))
+    jobs.append((head[2:], SamplingParams(max_tokens=3, prompt_logprobs=0, **unseeded)))
     return jobs
 
 
 def serve(engine: LLMEngine) -> dict[str, tuple]:
-    """Half the requests up front (r3 reads its log-probabilities), the rest after step 3 (r13
-    after step 12: plain steps again), aborts after the steps in `ABORTS`; every request's
+    """Half the requests up front (r3 reads its prompt log-probabilities), the rest after step
+    3 (r13 after step 12: plain steps again), aborts after the steps in `ABORTS`; every request's
     final tokens and finish reason."""
     jobs = mixed_workload(min(engine.vocab_size, 256))
     return serve_jobs(engine, ABORTS, jobs, later={3: range(5, 13), 12: range(13, 14)})

@@ -19,7 +19,7 @@ from unified_attn.engine.outputs import (
     SampleLogprobs,
 )
 from unified_attn.request import Request, RequestStatus
-from unified_attn.runner.sampler import TokenLogprobs
+from unified_attn.runner.logprobs import TokenLogprobs
 from unified_attn.sampling_params import RequestOutputKind
 
 FINISH_REASONS = {

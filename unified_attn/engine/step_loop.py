@@ -17,9 +17,11 @@ scheduled once more in N+1; that token is dropped. `max_tokens` and `max_model_l
 ahead, so no step is scheduled past them. A request preempted while its token is in flight keeps
 the token. Greedy tokens are the same with and without overlap.
 
-Steps overlap unless a request asks for log-probabilities or prompt or sample logits (read on
-the host from each step's rows) or the engine decodes speculatively (drafts are proposed from
-the tokens); then the step in flight is finished first and the step runs plainly. Penalties,
+Steps overlap unless a request asks for prompt log-probabilities or prompt or sample logits
+(read on the host from each step's rows) or the engine decodes speculatively (drafts are
+proposed from the tokens); then the step in flight is finished first and the step runs plainly.
+Sample log-probabilities are computed on the device and copied back with the ids
+(`sampler.step_logprobs`, `PendingStep`). Penalties,
 bad words and `min_tokens` read a request's output tokens: an overlapped step samples them with
 the token still in flight appended, read from the previous step's host copy once its forward is
 queued (`runner/overlap.with_tokens_in_flight`, as vLLM 0.33's async scheduling fills its
@@ -78,9 +80,9 @@ def overlap_steps(config: EngineConfig, device: torch.device) -> bool:
 
 def overlappable(request: Request) -> bool:
     """Whether a request's steps may be scheduled before its previous token reaches the host:
-    all but those asking for log-probabilities or logits (see the module docstring)."""
+    all but those asking for prompt log-probabilities or logits (see the module docstring)."""
     params = request.sampling_params
-    return not (params.logprobs is not None or params.needs_prompt_rows or params.return_logits)
+    return not (params.needs_prompt_rows or params.return_logits)
 
 
 class StepLoop:

@@ -13,6 +13,7 @@ import torch
 from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.device import pinned_to
+from unified_attn.runner.logprobs import TokenLogprobs, token_logprobs
 from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, with_tokens_in_flight
 from unified_attn.runner.runner_groups import (
     backend_group_ids,
@@ -20,7 +21,7 @@ from unified_attn.runner.runner_groups import (
     encoder_limits,
     no_cache_backends,
 )
-from unified_attn.runner.sampler import Sampler, TokenLogprobs, token_logprobs
+from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.step_inputs import (
     BlockTables,
@@ -111,9 +112,10 @@ class ModelRunner:
         """Run a step without waiting for it: the forward and the sampling are queued on the
         device, the sampled ids stay there for the next step's inputs (`DeviceTokens`) and, with
         `to_host` (not on tensor-parallel ranks other than 0), start their way to the host
-        (`PendingStep.result()` waits for them). For steps without log-probabilities, logits or
-        drafts (`step_loop.overlappable`), whose tokens are the same as `execute`'s: requests
-        whose sampling reads their outputs see the token in flight (`with_tokens_in_flight`)."""
+        (`PendingStep.result()` waits for them) with the log-probabilities rows ask for. For steps
+        without prompt or sample logits or drafts (`step_loop.overlappable`), whose tokens are
+        the same as `execute`'s: requests whose sampling reads their outputs see the token in
+        flight (`with_tokens_in_flight`)."""
         self._drop_finished(output)
         pending = PendingStep(output)
         if not output.scheduled:
@@ -127,9 +129,10 @@ class ModelRunner:
             raise ValueError("launch: a step with draft tokens cannot overlap; use execute")
         ids = self.sampler.sample_ids(logits, with_tokens_in_flight(requests, self.device_tokens))
         pending.request_ids = [r.request_id for r in requests]
-        self.device_tokens = DeviceTokens.of_step(ids, requests, to_host)
-        if to_host and self.device_tokens.host is not None:
-            pending.host_ids, pending.event = self.device_tokens.host
+        if to_host:
+            pending.logprobs = self.sampler.step_logprobs(logits, ids, requests)
+        self.device_tokens = DeviceTokens.of_step(ids, requests, to_host, pending.logprobs)
+        pending.copy = self.device_tokens.host if to_host else None
         return pending
 
     def _drop_finished(self, output: SchedulerOutput) -> None:

@@ -19,11 +19,37 @@ import torch
 
 from unified_attn.request import Request
 from unified_attn.runner.device import pinned_to
+from unified_attn.runner.logprobs import StepLogprobs
 from unified_attn.runner.sampler import ExtendedRequest, Sampler, reads_outputs
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 
-HostIds = tuple[torch.Tensor, "torch.cuda.Event | None"]  # a copy on its way (`host_copy`)
+
+@attrs.frozen
+class HostCopy:
+    """Device tensors on their way to pinned host memory, and the event that marks them there
+    (None on the CPU, where the copy is done at once)."""
+
+    tensors: tuple[torch.Tensor, ...]
+    event: torch.cuda.Event | None
+
+    @staticmethod
+    def start(*tensors: torch.Tensor) -> HostCopy:
+        """Start copying `tensors` to the host, behind the work queued so far."""
+        if tensors[0].device.type != "cuda":
+            return HostCopy(tuple(t.clone() for t in tensors), None)
+        hosts = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+        for host, t in zip(hosts, tensors, strict=True):
+            host.copy_(t, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return HostCopy(hosts, event)
+
+    def wait(self) -> tuple[torch.Tensor, ...]:
+        """The host tensors, once copied (waits for this copy only, not for later work)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.tensors
 
 
 @attrs.frozen
@@ -33,13 +59,21 @@ class DeviceTokens:
 
     ids: torch.Tensor  # [N] int64
     rows: dict[str, int]
-    host: HostIds | None = None
+    host: HostCopy | None = None  # the ids first, then the step's log-probability tensors
 
     @staticmethod
-    def of_step(ids: torch.Tensor, requests: Sequence[Request], to_host: bool) -> DeviceTokens:
-        """A launched step's ids `[N]` (row i: `requests[i]`), copied to the host when `to_host`
-        or when a request reads its outputs (the next step's sampling needs its token)."""
-        host = host_copy(ids) if to_host or any(map(reads_outputs, requests)) else None
+    def of_step(
+        ids: torch.Tensor,
+        requests: Sequence[Request],
+        to_host: bool,
+        logprobs: StepLogprobs | None = None,
+    ) -> DeviceTokens:
+        """A launched step's ids `[N]` (row i: `requests[i]`), copied to the host with its
+        `logprobs`' tensors when `to_host`, or alone when a request reads its outputs (the next
+        step's sampling needs its token)."""
+        host = None
+        if to_host or any(map(reads_outputs, requests)):
+            host = HostCopy.start(ids, *(logprobs.tensors if to_host and logprobs else ()))
         return DeviceTokens(ids, {r.request_id: j for j, r in enumerate(requests)}, host)
 
     def on_host(self) -> dict[str, int]:
@@ -47,10 +81,7 @@ class DeviceTokens:
         after."""
         if self.host is None:
             raise RuntimeError("the last launched step did not copy its ids to the host")
-        tensor, event = self.host
-        if event is not None:
-            event.synchronize()
-        tokens: list[int] = tensor.tolist()
+        tokens: list[int] = self.host.wait()[0].tolist()
         return {rid: tokens[row] for rid, row in self.rows.items()}
 
     @staticmethod
@@ -115,35 +146,27 @@ def draw_along(sampler: Sampler, output: SchedulerOutput, logits: torch.Tensor) 
         sampler.sample_ids(logits, requests)
 
 
-def host_copy(ids: torch.Tensor) -> HostIds:
-    """Start copying device `ids` to the host; returns the host tensor and, on CUDA, the event
-    that marks the copy done (on the CPU the copy is done at once)."""
-    if ids.device.type != "cuda":
-        return ids.clone(), None
-    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-    host.copy_(ids, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event
-
-
 @attrs.define
 class PendingStep:
-    """A launched step: its scheduler output and the sampled ids on their way to the host."""
+    """A launched step: its scheduler output, and its sampled ids (and the log-probabilities
+    its rows ask for) on their way to the host."""
 
     output: SchedulerOutput
     request_ids: list[str] = attrs.Factory(list)  # the sampled rows' requests, in order
-    host_ids: torch.Tensor | None = None
-    event: torch.cuda.Event | None = None
+    copy: HostCopy | None = None
+    logprobs: StepLogprobs | None = None
 
     def result(self) -> StepResult:
-        """Wait for the step's ids (only for them: later launched steps keep running) and
+        """Wait for the step's copy (only for it: later launched steps keep running) and
         return its `StepResult`."""
         result = StepResult()
-        if self.host_ids is None:
+        if self.copy is None:
             return result
-        if self.event is not None:
-            self.event.synchronize()
-        tokens: list[int] = self.host_ids.tolist()
+        ids, *values = self.copy.wait()
+        tokens: list[int] = ids.tolist()
         result.sampled = {rid: [token] for rid, token in zip(self.request_ids, tokens, strict=True)}
+        if self.logprobs is not None:
+            found = self.logprobs.assemble(values, tokens)
+            for row, lp in zip(self.logprobs.rows, found, strict=True):
+                result.logprobs[self.request_ids[row]] = [lp]
         return result

@@ -26,6 +26,12 @@ import torch
 
 from unified_attn.models.invariant import log_softmax
 from unified_attn.request import Request
+from unified_attn.runner.logprobs import (
+    StepLogprobs,
+    TokenLogprobs,
+    logprob_tensors,
+    token_logprobs,
+)
 from unified_attn.runner.sampling_ops import (
     SamplingTensors,
     exponential_race,
@@ -34,19 +40,6 @@ from unified_attn.runner.sampling_ops import (
     to_device,
 )
 from unified_attn.sampling_params import SamplingParams
-
-
-@attrs.frozen
-class TokenLogprobs:
-    """Raw log-probabilities of one sampled row: the sampled token's, its rank in the vocabulary
-    (1 = the most likely; tokens with an equal log-probability count as ahead), and the
-    `SamplingParams.logprobs` most likely tokens, best first."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top_token_ids: tuple[int, ...]
-    top_logprobs: tuple[float, ...]
 
 
 @attrs.frozen
@@ -103,26 +96,6 @@ def ban_bad_words(
         return logits
     banned_ids = to_device(banned, torch.int64, logits.device)
     return logits.index_fill(0, banned_ids, float("-inf"))
-
-
-def token_logprobs(
-    logprobs: torch.Tensor, tokens: Sequence[int], ks: Sequence[int]
-) -> list[TokenLogprobs]:
-    """Row `i` of `logprobs [N, V]`: token `tokens[i]`'s log-probability and rank, and the
-    `ks[i]` most likely tokens (-1: all of them)."""
-    vocab = logprobs.shape[-1]
-    ks = [vocab if k == -1 else k for k in ks]
-    chosen = torch.tensor(list(tokens), device=logprobs.device)
-    chosen_lp = logprobs.gather(1, chosen[:, None])
-    ranks = (logprobs >= chosen_lp).sum(dim=-1).tolist()
-    top_lp, top_ids = torch.topk(logprobs, max(ks), dim=-1)
-    top_lp_rows, top_id_rows = top_lp.tolist(), top_ids.tolist()
-    return [
-        TokenLogprobs(token, value, rank, tuple(ids[:k]), tuple(lps[:k]))
-        for token, value, rank, ids, lps, k in zip(
-            tokens, chosen_lp[:, 0].tolist(), ranks, top_id_rows, top_lp_rows, ks, strict=True
-        )
-    ]
 
 
 def _torch_log_softmax(logits: torch.Tensor) -> torch.Tensor:
@@ -322,6 +295,19 @@ class Sampler:
             mask[ids] = True
             self.prompt_masks[request.request_id] = mask
         return mask
+
+    def step_logprobs(
+        self, logits: torch.Tensor, ids: torch.Tensor, requests: Sequence[Request]
+    ) -> StepLogprobs | None:
+        """`_logprobs`' values for the rows that ask for them, on the device, with the sampled
+        `ids` `[N]` still there (an overlapped step; None when no row asks)."""
+        rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+        if not rows:
+            return None
+        index = to_device(rows, torch.int64, logits.device)
+        ks = [requests[i].sampling_params.logprobs for i in rows]
+        logprobs = self.log_softmax(logits.index_select(0, index).float())
+        return StepLogprobs(rows, ks, logprob_tensors(logprobs, ids.index_select(0, index), ks))
 
     def _logprobs(
         self, logits: torch.Tensor, tokens: list[int], requests: Sequence[Request]

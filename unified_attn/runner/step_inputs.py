@@ -9,7 +9,7 @@ import attrs
 import torch
 
 from unified_attn.backend import CommonAttentionMetadata
-from unified_attn.runner.sampler import TokenLogprobs
+from unified_attn.runner.logprobs import TokenLogprobs
 from unified_attn.utils import cdiv
 
 
