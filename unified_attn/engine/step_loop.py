@@ -21,12 +21,13 @@ Steps overlap unless a request asks for prompt log-probabilities or prompt or sa
 (read on the host from each step's rows) or the engine decodes speculatively (drafts are
 proposed from the tokens); then the step in flight is finished first and the step runs plainly.
 Sample log-probabilities are computed on the device and copied back with the ids
-(`sampler.step_logprobs`, `PendingStep`). Penalties,
-bad words and `min_tokens` read a request's output tokens: an overlapped step samples them with
-the token still in flight appended, read from the previous step's host copy once its forward is
-queued (`runner/overlap.with_tokens_in_flight`, as vLLM 0.33's async scheduling fills its
-placeholders in `update_async_output_token_ids` before sampling); logit bias and allowed tokens
-read nothing of the outputs.
+(`Sampler.step_logprobs`, `PendingStep`; vLLM 0.33's `AsyncGPUModelRunnerOutput` copies its
+log-probability tensors the same way). Penalties, bad words and `min_tokens` read a request's
+output tokens: an overlapped step samples them with the token still in flight appended, read
+from the previous step's host copy once its forward is queued
+(`runner/overlap.with_tokens_in_flight`, as vLLM 0.33's async scheduling fills its placeholders
+in `update_async_output_token_ids` before sampling); logit bias and allowed tokens read nothing
+of the outputs.
 
 Tensor parallelism: rank 0 tells the other ranks, in each step's message, whether it launched
 the step (`StepMessage.launch`); if so they launch it too (`tp_group.run_step`), and every rank
