@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from unified_attn.sampling_params import SamplingParams
@@ -13,7 +14,11 @@ class IncrementalText:
     vLLM's prefix and read offsets: a token's text is added once the tokens read so far decode
     to whole characters (no trailing U+FFFD), decoding only a window that starts one read
     earlier, so tokenizers that glue tokens together see them in context. The final call adds
-    whatever is left. Stop strings are looked for in the new text (and the `len(stop) - 1`
+    whatever is left. A fast (Rust) tokenizer's `decode_stream` does the same a token at a time,
+    about ten times faster (as vLLM's `FastIncrementalDetokenizer`); it is used unless special
+    tokens are kept without spaces between them (`spaces_between_special_tokens=False`, which
+    only the window decode honours), and a stream that fails hands over to the windows. Stop
+    strings are looked for in the new text (and the `len(stop) - 1`
     characters before it) once the output has more than `min_tokens` tokens; a hit cuts the
     text before it (after it, with `include_stop_str_in_output`) and freezes it.
     """
@@ -37,6 +42,13 @@ class IncrementalText:
         self.prefix_offset = 0
         self.read_offset = 0
         self.stop_string: str | None = None
+        self.stream: Callable[[int], str | None] | None = None
+        self.fed = 0  # tokens given to the stream
+        make_stream = getattr(tokenizer, "decode_stream", None)
+        if make_stream is not None and (
+            params.skip_special_tokens or params.spaces_between_special_tokens
+        ):
+            self.stream = make_stream(params.skip_special_tokens)
 
     def add(self, token_ids: list[int], num_output_tokens: int, *, final: bool) -> None:
         if self.stop_string is not None:
@@ -48,6 +60,28 @@ class IncrementalText:
             self._find_stop(before)
 
     def _decode(self, final: bool) -> None:
+        if self.stream is not None:
+            try:
+                self._decode_stream()
+            except Exception:  # e.g. tokenizers' "Invalid prefix": decode windows from here on
+                self.stream = None
+            else:
+                if not final or self.read_offset == len(self.token_ids):
+                    return
+        self._decode_window(final)
+
+    def _decode_stream(self) -> None:
+        """Feed the stream the new tokens; each whole piece of text moves the offsets as the
+        window decode would, so a final call or a failure continues from the same place."""
+        assert self.stream is not None
+        for token_id in self.token_ids[self.fed :]:
+            piece = self.stream(token_id)
+            self.fed += 1
+            if piece:
+                self.text += piece
+                self.prefix_offset, self.read_offset = self.read_offset, self.fed
+
+    def _decode_window(self, final: bool) -> None:
         ids = self.token_ids
         decode = self.tokenizer.decode
         prefix_text = decode(ids[self.prefix_offset : self.read_offset], **self.options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -84,6 +85,22 @@ class HFTokenizer:
             )
         )
 
+
+    def decode_stream(self, skip_special_tokens: bool) -> Callable[[int], str | None] | None:
+        """A decoder of one completion fed one token at a time: each call returns the text the
+        token completes (None while its bytes are not whole characters yet), from the `tokenizers`
+        library's `DecodeStream` (vLLM 0.33's fast incremental detokenizer uses it too); None
+        for a tokenizer that is not a fast (Rust) one."""
+        raw = getattr(self.tokenizer, "_tokenizer", None)
+        try:
+            import tokenizers
+            from tokenizers.decoders import DecodeStream
+        except ImportError:  # an older tokenizers: the caller decodes windows instead
+            return None
+        if not isinstance(raw, tokenizers.Tokenizer):
+            return None
+        stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        return lambda token_id: stream.step(raw, token_id)
 
     def chat_token_ids(
         self,
