@@ -18,9 +18,9 @@ class IncrementalText:
     about ten times faster (as vLLM's `FastIncrementalDetokenizer`); it is used unless special
     tokens are kept without spaces between them (`spaces_between_special_tokens=False`, which
     only the window decode honours), and a stream that fails hands over to the windows. Stop
-    strings are looked for in the new text (and the `len(stop) - 1`
-    characters before it) once the output has more than `min_tokens` tokens; a hit cuts the
-    text before it (after it, with `include_stop_str_in_output`) and freezes it.
+    strings are looked for in the new text (and the `len(stop) - 1` characters before it) once
+    the output has more than `min_tokens` tokens; a hit cuts the text before it (after it, with
+    `include_stop_str_in_output`) and freezes it.
     """
 
     def __init__(self, tokenizer: Any, params: SamplingParams) -> None:

@@ -85,7 +85,6 @@ class HFTokenizer:
             )
         )
 
-
     def decode_stream(self, skip_special_tokens: bool) -> Callable[[int], str | None] | None:
         """A decoder of one completion fed one token at a time: each call returns the text the
         token completes (None while its bytes are not whole characters yet), from the `tokenizers`
