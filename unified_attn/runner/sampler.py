@@ -67,10 +67,11 @@ def apply_penalties(
     None when `repetition_penalty` is 1) or the output have their logit divided by
     `repetition_penalty` if positive, multiplied by it if not; then every output occurrence
     subtracts `frequency_penalty` and every distinct output token `presence_penalty`."""
-    counts = torch.bincount(
-        to_device(list(output_token_ids), torch.int64, logits.device),
-        minlength=logits.shape[-1],
-    ).to(logits.dtype)
+    # counted with index_add (exact: sums of ones), not bincount, which reads the largest id on
+    # the host: an overlapped step samples with its forward queued and must not wait for it
+    ids = to_device(list(output_token_ids), torch.int64, logits.device)
+    ones = torch.ones(ids.shape, dtype=logits.dtype, device=logits.device)
+    counts = torch.zeros_like(logits).index_add_(0, ids, ones)
     in_output = counts > 0
     if params.repetition_penalty != 1.0:
         assert prompt_mask is not None
@@ -283,7 +284,7 @@ class Sampler:
         mask = self.disallowed_masks.get(request_id)
         if mask is None:
             mask = torch.ones(row.shape[-1], dtype=torch.bool, device=row.device)
-            mask[torch.tensor(list(allowed), dtype=torch.int64, device=row.device)] = False
+            mask[to_device(list(allowed), torch.int64, row.device)] = False
             self.disallowed_masks[request_id] = mask
         return row.masked_fill(mask, float("-inf"))
 
@@ -291,7 +292,7 @@ class Sampler:
         mask = self.prompt_masks.get(request.request_id)
         if mask is None:
             mask = torch.zeros(row.shape[-1], dtype=torch.bool, device=row.device)
-            ids = torch.tensor(request.prompt_token_ids, dtype=torch.int64, device=row.device)
+            ids = to_device(request.prompt_token_ids, torch.int64, row.device)
             mask[ids] = True
             self.prompt_masks[request.request_id] = mask
         return mask
