@@ -77,6 +77,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--replays", type=int, default=50, help="timed replays of a decode graph")
     add("--prefill-reps", type=int, default=3, help="timed prefill steps per length")
     add("--gpu-memory-utilization", type=float, default=0.85)
+    add("--repetition-penalty", type=float, default=1.0, help="decode requests' (default 1: "
+        "none; another value makes their sampling read their outputs)")  # fmt: skip
     add("--kv-cache-memory", default=None, help="KV budget per rank (default: from the "
         "utilization on CUDA, 32MiB on CPU)")  # fmt: skip
     add("--config-timeout", type=float, default=600, help="seconds per configuration")
@@ -105,6 +107,8 @@ def resolve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
             setattr(args, name, csv_ints(text))
         except ValueError:
             parser.error(f"--{name}: positive integers separated by commas, got {text!r}")
+    if not args.repetition_penalty > 0:
+        parser.error(f"--repetition-penalty must be > 0, got {args.repetition_penalty}")
     for name in ("prompt_len", "warmup", "steps", "replays", "prefill_reps"):
         least = 0 if name == "warmup" else 1
         if getattr(args, name) < least:

@@ -63,6 +63,7 @@ class Settings:
     prefill_reps: int
     gpu_memory_utilization: float
     kv_cache_memory: str | None
+    repetition_penalty: float = 1.0  # != 1: decode requests whose sampling reads their outputs
 
     @property
     def max_model_len(self) -> int:
@@ -108,7 +109,8 @@ class DecodeBatch:
     def __init__(self, engine: LLMEngine, settings: Settings, batch: int) -> None:
         self.engine, self.prompt_len = engine, settings.prompt_len
         params = SamplingParams(max_tokens=engine.max_model_len - settings.prompt_len,
-                                ignore_eos=True, output_kind=RequestOutputKind.DELTA)  # fmt: skip
+                                ignore_eos=True, output_kind=RequestOutputKind.DELTA,
+                                repetition_penalty=settings.repetition_penalty)  # fmt: skip
         prompts = random_prompts(batch, settings.prompt_len, engine.vocab_size, seed=batch)
         self.ids = [engine.add_request(prompt=p, params=params) for p in prompts]
         self.generated: Counter[str] = Counter()

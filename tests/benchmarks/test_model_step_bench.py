@@ -85,6 +85,20 @@ def test_replay_sentinel_round_trips(bench):
     assert replay_request(type(replay_output(1, 1))([], [], ["req-1"])) is None
 
 
+def test_decode_requests_may_read_their_outputs(bench, tmp_path):
+    """`--repetition-penalty`: the decode requests' sampling reads their outputs (overlapped
+    steps then append the token in flight), recorded with the run's settings."""
+    argv = ["--device", "cpu", "--models", "tiny-llama", "--tp", "1", "--batches", "2",
+            "--prompt-len", "8", "--warmup", "1", "--steps", "2", "--prefill", "16",
+            "--prefill-reps", "1", "--repetition-penalty", "1.3", "--no-plot",
+            "--out", str(tmp_path)]  # fmt: skip
+    bench.main(argv)
+    data = json.loads((tmp_path / "model_step.json").read_text())
+    assert data["settings"]["repetition_penalty"] == 1.3
+    [config] = data["configs"]
+    assert "error" not in config and config["decode"][0]["wall_step_ms"] > 0
+
+
 def test_bad_options_are_named(bench, capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--device", "cpu", "--batches", "1,x"])
@@ -96,6 +110,9 @@ def test_bad_options_are_named(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--steps", "0"])
     assert "--steps must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--repetition-penalty", "0"])
+    assert "--repetition-penalty must be > 0, got 0.0" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
