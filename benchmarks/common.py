@@ -283,6 +283,21 @@ def sdpa_prefill(case: dict[str, Any], context: int) -> dict[str, Any]:
 # ---- summaries and the machine --------------------------------------------------------------
 
 
+def time_method(obj: Any, name: str, record: Callable[[float], None]) -> None:
+    """Replace `obj.name` by a wrapper that passes the host seconds of each call to `record`."""
+    original = getattr(obj, name)
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - start)
+
+    setattr(obj, name, timed)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (q in [0, 100])."""
     data = sorted(values)

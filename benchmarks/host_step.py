@@ -30,7 +30,6 @@ import copy
 import functools
 import os
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from common import (
     run_header,
     summary,
     table,
+    time_method,
     write_json,
 )
 
@@ -64,25 +64,15 @@ class PhaseClock:
     def __init__(self, engine: LLMEngine) -> None:
         self.times: dict[str, list[float]] = {phase: [] for phase in PHASES}
         self.on = False
-        self._wrap(engine.scheduler, "schedule", "schedule")
-        self._wrap(engine.runner, "execute", "inputs and sampling")
-        self._wrap(engine.scheduler, "update_from_output", "update")
-        self._wrap(engine._requests, "advance", "outputs")
-        self._wrap(engine, "step", "step")
+        time_method(engine.scheduler, "schedule", functools.partial(self._add, "schedule"))
+        time_method(engine.runner, "execute", functools.partial(self._add, "inputs and sampling"))
+        time_method(engine.scheduler, "update_from_output", functools.partial(self._add, "update"))
+        time_method(engine._requests, "advance", functools.partial(self._add, "outputs"))
+        time_method(engine, "step", functools.partial(self._add, "step"))
 
-    def _wrap(self, owner: Any, name: str, phase: str) -> None:
-        method = getattr(owner, name)
-
-        @functools.wraps(method)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter_ns()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                if self.on:
-                    self.times[phase].append((time.perf_counter_ns() - start) / 1e3)
-
-        setattr(owner, name, timed)
+    def _add(self, phase: str, seconds: float) -> None:
+        if self.on:
+            self.times[phase].append(seconds * 1e6)
 
 
 SCRIPT = (

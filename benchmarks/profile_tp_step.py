@@ -19,25 +19,12 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+from common import time_method
 from speculative import BENCH_MODEL, register_bench_model
 
 from unified_attn import LLMEngine, SamplingParams
 
 register_bench_model()  # at import: spawned ranks import this module again
-
-
-def timed_method(obj: Any, name: str, totals: dict[str, float], label: str) -> None:
-    original = getattr(obj, name)
-
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            totals[label] += time.perf_counter() - start
-
-    setattr(obj, name, wrapper)
 
 
 def graph_device_time(engine: LLMEngine, batch: int) -> float:
@@ -66,14 +53,19 @@ def profile(size: int, batch: int, steps: int) -> dict[str, Any]:
         params = SamplingParams(max_tokens=steps, ignore_eos=True)
         engine.generate(prompts, params)  # warm-up
         totals: dict[str, float] = defaultdict(float)
-        timed_method(engine.scheduler, "schedule", totals, "schedule")
+
+        def add(label: str, seconds: float) -> None:
+            totals[label] += seconds
+
+        time_method(engine.scheduler, "schedule", functools.partial(add, "schedule"))
         if engine._tp is not None:
-            timed_method(engine._tp, "broadcast", totals, "broadcast")
-        timed_method(engine.runner, "prepare_inputs", totals, "prepare_inputs")
-        timed_method(engine.runner, "_sample", totals, "sample (waits for the device)")
+            time_method(engine._tp, "broadcast", functools.partial(add, "broadcast"))
+        time_method(engine.runner, "prepare_inputs", functools.partial(add, "prepare_inputs"))
+        waits = "sample (waits for the device)"
+        time_method(engine.runner, "_sample", functools.partial(add, waits))
         if engine.runner.graphs is not None:
-            timed_method(engine.runner.graphs, "run", totals, "graph launch")
-        timed_method(engine, "_step", totals, "step")
+            time_method(engine.runner.graphs, "run", functools.partial(add, "graph launch"))
+        time_method(engine, "_step", functools.partial(add, "step"))
         engine.generate([[p[0] + 1, *p[1:]] for p in prompts], params)
         steps_run = engine.stats.steps
         device_s = graph_device_time(engine, batch) if size == 1 else float("nan")

@@ -286,7 +286,7 @@ def serve_outputs(engine: LLMEngine, jobs: list[tuple[list[int], SamplingParams]
 
 def test_the_token_in_flight_is_appended_only_where_sampling_reads_outputs():
     from unified_attn.runner.overlap import DeviceTokens, with_tokens_in_flight
-    from unified_attn.runner.sampler import ExtendedRequest
+    from unified_attn.runner.sampler import ExtendedRequest, reads_outputs
 
     def request(rid: str, placeholders: int, **kw) -> Request:
         r = Request(rid, [1, 2], sampling_params=SamplingParams(**kw))
@@ -295,16 +295,19 @@ def test_the_token_in_flight_is_appended_only_where_sampling_reads_outputs():
         return r
 
     ids = torch.tensor([11, 12, 13])
-    tokens = DeviceTokens.of_step(ids, [request(r, 0) for r in "abc"], to_host=False)
+    plain = [request(r, 0) for r in "abc"]
+    tokens = DeviceTokens.of_step(ids, plain, to_host=False, readers=any(map(reads_outputs, plain)))
     assert tokens.host is None  # no request of the step reads its outputs: no copy
     with pytest.raises(RuntimeError, match="did not copy its ids to the host"):
         tokens.on_host()
     readers = [request("a", 1, min_tokens=3), request("b", 1), request("c", 0, presence_penalty=1)]
-    tokens = DeviceTokens.of_step(ids, readers, to_host=False)
+    tokens = DeviceTokens.of_step(ids, readers, to_host=False, readers=True)
     assert tokens.on_host() == {"a": 11, "b": 12, "c": 13}
-    seen = with_tokens_in_flight(readers, tokens)
+    seen = with_tokens_in_flight(readers, [r for r in readers if reads_outputs(r)], tokens)
     assert isinstance(seen[0], ExtendedRequest) and seen[0].output_token_ids == [5, 6, 11]
     assert seen[1] is readers[1] and seen[2] is readers[2]  # reads nothing / nothing in flight
-    assert with_tokens_in_flight(readers[1:], DeviceTokens.none()) == readers[1:]  # no wait
+    no_wait = with_tokens_in_flight(readers[1:], readers[2:], DeviceTokens.none())
+    assert no_wait == readers[1:]  # its one reader has nothing in flight: no wait
+    x = request("x", 2, repetition_penalty=1.5)
     with pytest.raises(RuntimeError, match="'x' has 2 tokens in flight, expected 1"):
-        with_tokens_in_flight([request("x", 2, repetition_penalty=1.5)], tokens)
+        with_tokens_in_flight([x], [x], tokens)

@@ -21,7 +21,7 @@ from unified_attn.runner.runner_groups import (
     encoder_limits,
     no_cache_backends,
 )
-from unified_attn.runner.sampler import Sampler
+from unified_attn.runner.sampler import Sampler, reads_outputs
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.step_inputs import (
     BlockTables,
@@ -111,11 +111,10 @@ class ModelRunner:
     def launch(self, output: SchedulerOutput, to_host: bool = True) -> PendingStep:
         """Run a step without waiting for it: the forward and the sampling are queued on the
         device, the sampled ids stay there for the next step's inputs (`DeviceTokens`) and, with
-        `to_host` (not on tensor-parallel ranks other than 0), start their way to the host
-        (`PendingStep.result()` waits for them) with the log-probabilities rows ask for. For steps
+        `to_host` (not on tensor-parallel ranks other than 0), start their way to the host with
+        the log-probabilities rows ask for (`PendingStep.result()` waits for them). For steps
         without prompt or sample logits or drafts (`step_loop.overlappable`), whose tokens are
-        the same as `execute`'s: requests whose sampling reads their outputs see the token in
-        flight (`with_tokens_in_flight`)."""
+        `execute`'s: requests reading their outputs see the token in flight."""
         self._drop_finished(output)
         pending = PendingStep(output)
         if not output.scheduled:
@@ -127,12 +126,14 @@ class ModelRunner:
         requests = [s.request for s in output.scheduled if s.will_sample]
         if len(requests) != len(logits):
             raise ValueError("launch: a step with draft tokens cannot overlap; use execute")
-        ids = self.sampler.sample_ids(logits, with_tokens_in_flight(requests, self.device_tokens))
+        readers = [r for r in requests if reads_outputs(r)]
+        seen = with_tokens_in_flight(requests, readers, self.device_tokens)
+        ids = self.sampler.sample_ids(logits, seen)
         pending.request_ids = [r.request_id for r in requests]
         if to_host:
             pending.logprobs = self.sampler.step_logprobs(logits, ids, requests)
-        self.device_tokens = DeviceTokens.of_step(ids, requests, to_host, pending.logprobs)
-        pending.copy = self.device_tokens.host if to_host else None
+        tokens = DeviceTokens.of_step(ids, requests, to_host, bool(readers), pending.logprobs)
+        pending.copy, self.device_tokens = tokens.host if to_host else None, tokens
         return pending
 
     def _drop_finished(self, output: SchedulerOutput) -> None:

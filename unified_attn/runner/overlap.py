@@ -5,10 +5,11 @@ behind the forward and read once the copy is done (`PendingStep`). Also the asyn
 to device copy every step input goes through (`pinned_to`): a copy from pageable memory makes
 the host wait for the device, which would serialise the host's next step with this one
 (`runner/device.pinned_to`). The requests whose sampling reads their output tokens
-(penalties, bad words, `min_tokens`) get the token the step in flight sampled for them before
-the next step samples (`with_tokens_in_flight`, as vLLM's `update_async_output_token_ids`). And
-the random draws a tensor-parallel rank other than 0 makes in plain steps (`draw_along`), which keep
-its generators in step with rank 0's for the overlapped steps every rank samples."""
+(penalties, bad words, `min_tokens`: `sampler.reads_outputs`) get the token the step in flight
+sampled for them before the next step samples (`with_tokens_in_flight`, as vLLM's
+`update_async_output_token_ids`). And the random draws a tensor-parallel rank other than 0 makes
+in plain steps (`draw_along`), which keep its generators in step with rank 0's for the
+overlapped steps every rank samples."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from unified_attn.request import Request
 from unified_attn.runner.device import pinned_to
 from unified_attn.runner.logprobs import StepLogprobs
-from unified_attn.runner.sampler import ExtendedRequest, Sampler, reads_outputs
+from unified_attn.runner.sampler import ExtendedRequest, Sampler
 from unified_attn.runner.scheduler import SchedulerOutput
 from unified_attn.runner.step_inputs import StepResult
 
@@ -66,13 +67,14 @@ class DeviceTokens:
         ids: torch.Tensor,
         requests: Sequence[Request],
         to_host: bool,
+        readers: bool,
         logprobs: StepLogprobs | None = None,
     ) -> DeviceTokens:
         """A launched step's ids `[N]` (row i: `requests[i]`), copied to the host with its
-        `logprobs`' tensors when `to_host`, or alone when a request reads its outputs (the next
-        step's sampling needs its token)."""
+        `logprobs`' tensors when `to_host`, or alone when `readers` (some request reads its
+        outputs: the next step's sampling needs its token)."""
         host = None
-        if to_host or any(map(reads_outputs, requests)):
+        if to_host or readers:
             host = HostCopy.start(ids, *(logprobs.tensors if to_host and logprobs else ()))
         return DeviceTokens(ids, {r.request_id: j for j, r in enumerate(requests)}, host)
 
@@ -106,26 +108,26 @@ _NO_TOKENS = DeviceTokens(torch.zeros(0, dtype=torch.int64), {})
 
 
 def with_tokens_in_flight(
-    requests: Sequence[Request], tokens: DeviceTokens
+    requests: Sequence[Request], readers: Sequence[Request], tokens: DeviceTokens
 ) -> Sequence[Request | ExtendedRequest]:
-    """`requests`, each whose sampling reads its output tokens (`reads_outputs`) and has a token
-    in flight (sampled by the last launched step, `tokens`, not yet in its `output_token_ids`)
-    seen with that token appended: their penalties, bad words and `min_tokens` then read what a
-    plain step would. Waits for the last step's ids only when such a request is in the batch
-    (the forward of this step is already queued behind it)."""
-    waiting = [r for r in requests if r.num_output_placeholders and reads_outputs(r)]
+    """`requests`, each of `readers` (those whose sampling reads their outputs,
+    `reads_outputs`) that has a token in flight (sampled by the last launched step, `tokens`,
+    not yet in its `output_token_ids`) seen with that token appended: their penalties, bad
+    words and `min_tokens` then read what a plain step would. Waits for the last step's ids
+    only when such a request is in the batch (this step's forward is already queued)."""
+    waiting = {r.request_id: r for r in readers if r.num_output_placeholders}
     if not waiting:
         return requests
     in_flight = tokens.on_host()
-    for r in waiting:
-        if r.num_output_placeholders != 1 or r.request_id not in in_flight:
+    for rid, r in waiting.items():
+        if r.num_output_placeholders != 1 or rid not in in_flight:
             raise RuntimeError(
-                f"request {r.request_id!r} has {r.num_output_placeholders} tokens in flight, "
+                f"request {rid!r} has {r.num_output_placeholders} tokens in flight, "
                 "expected 1 sampled by the last launched step"
             )
     return [
         ExtendedRequest(r, [*r.output_token_ids, in_flight[r.request_id]])
-        if r.num_output_placeholders and reads_outputs(r)
+        if r.request_id in waiting
         else r
         for r in requests
     ]
