@@ -70,14 +70,16 @@ def gated_delta_update(
 
 def update_tiles(k_dim: int, v_dim: int, num_requests: int) -> tuple[int, int]:
     """(BLOCK_V, num_warps) of the decode kernel: `[Dk, BLOCK_V]` tiles of UPDATE_TILE
-    elements, or UPDATE_TILE_LARGE from LARGE_TILE_FROM requests, with 4 warps (a memory-bound
-    stream). H200 sweep at Qwen3-Next's heads (`benchmarks/gated_delta_kernels.py`, CUDA
-    graphs): 128 x 64 tiles take batch 64 from 88 to 76 us and batch 256 from 329 to 286 us
-    against 128 x 32 (narrower tiles and 1-2 warps are slower); smaller batches keep the
-    tiles they were measured with (batch 1: 4.3 us)."""
-    elements = UPDATE_TILE_LARGE if num_requests >= LARGE_TILE_FROM else UPDATE_TILE
+    elements with 4 warps, or UPDATE_TILE_LARGE with 2 warps from LARGE_TILE_FROM requests (a
+    memory-bound stream). H200 at Qwen3-Next's heads, CUDA graphs, tile-major programs
+    (2026-11-29, a sweep of 2-8 warps x 32-64 columns and cache hints): 128 x 64 with 2 warps 71.8 /
+    137.4 / 267.4 us at batch 64 / 128 / 256 (0.92-0.95 of the copy bandwidth), 128 x 32 with 4
+    warps 73.6 / 146.0 / 293.2, 8 warps always slower; below 64 requests both tiles are within
+    1% (batch 32: 38 us)."""
+    large = num_requests >= LARGE_TILE_FROM
+    elements = UPDATE_TILE_LARGE if large else UPDATE_TILE
     block_v = max(1, min(triton.next_power_of_2(v_dim), elements // _pow2(k_dim)))
-    return block_v, 4
+    return block_v, 2 if large else 4
 
 
 def launch_update(
@@ -89,9 +91,9 @@ def launch_update(
     benchmark sweeps tiles through this)."""
     rows, num_heads, v_dim = v.shape
     k_dim = k.shape[2]
-    grid = (rows, num_heads, triton.cdiv(v_dim, block_v))
+    grid = (rows * num_heads * triton.cdiv(v_dim, block_v),)
     update_kernels.gated_delta_update_kernel[grid](
-        q, k, v, g, beta, o, states, read_slots, write_slots, float(scale), L2_EPS,
+        q, k, v, g, beta, o, states, read_slots, write_slots, float(scale), L2_EPS, num_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), beta.stride(0), o.stride(0), o.stride(1), states.stride(0),
         states.stride(1), states.stride(2), HEADS_PER_KEY=num_heads // k.shape[1],

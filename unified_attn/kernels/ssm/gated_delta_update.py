@@ -4,11 +4,15 @@ float32 state blocks `[num_blocks, Hv, Dk, Dv]`.
     S = exp(g) S          S = S + k (beta (v - S^T k))^T          o = S^T (scale q)
 
 q and k are shared by the `Hv / Hk` value heads of a key head. Memory-bound: each program
-streams one `[Dk, BLOCK_V]` float32 tile of a head's state in and out.
+streams one `[Dk, BLOCK_V]` float32 tile of a head's state in and out, tile-major
+(`ssd_update.state_tile`), the state written streaming (`.cs`, it is not read again this step):
+H200, batch 64-256, 0.83-0.88 -> 0.92-0.95 of the copy bandwidth.
 """
 
 import triton
 import triton.language as tl
+
+from unified_attn.kernels.ssm.ssd_update import state_tile
 
 
 @triton.jit
@@ -45,6 +49,7 @@ def gated_delta_update_kernel(
     write_slots_ptr,  # [R] int32, -1: do not write
     scale,
     eps,
+    num_heads,
     stride_qr,
     stride_qh,
     stride_kr,
@@ -65,10 +70,9 @@ def gated_delta_update_kernel(
     BLOCK_V: tl.constexpr,
     L2NORM: tl.constexpr,
 ):
-    request = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    request, head, v_tile = state_tile(num_heads, (V_DIM + BLOCK_V - 1) // BLOCK_V)
     dk = tl.arange(0, BLOCK_K)
-    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    dv = v_tile * BLOCK_V + tl.arange(0, BLOCK_V)
     dk_ok = dk < K_DIM
     dv_ok = dv < V_DIM
     tile_ok = dk_ok[:, None] & dv_ok[None, :]
@@ -89,4 +93,4 @@ def gated_delta_update_kernel(
     tl.store(o_ptr + request * stride_or + head * stride_oh + dv,
              o.to(o_ptr.dtype.element_ty), mask=dv_ok)  # fmt: skip
     tl.store(states_ptr + write_slot * stride_sb + tile, state,
-             mask=tile_ok & (write_slot >= 0))  # fmt: skip
+             mask=tile_ok & (write_slot >= 0), cache_modifier=".cs")  # fmt: skip

@@ -4,6 +4,7 @@
     y = S C + D * x
 
 Memory-bound: each program streams one `[BLOCK_P, N]` float32 tile of a state block in and out.
+The programs run tile-major (`state_tile`): consecutive programs stream adjacent memory.
 """
 
 import triton
@@ -22,6 +23,17 @@ def discretize_dt(dt_raw, dt_bias, dt_min, dt_max):
 
 
 @triton.jit
+def state_tile(num_heads, NUM_TILES: tl.constexpr):
+    """(request int64, head, tile) of this program in a 1-D grid of `R * num_heads * NUM_TILES`
+    programs, tiles fastest, then heads: consecutive programs read and write adjacent memory of
+    one state block (H200: 0.87 -> 0.97 of the copy bandwidth at 64-256 requests against
+    request-major programs, which touch a different block each)."""
+    pid = tl.program_id(0)
+    per_request = num_heads * NUM_TILES
+    return (pid // per_request).to(tl.int64), (pid % per_request) // NUM_TILES, pid % NUM_TILES
+
+
+@triton.jit
 def ssd_state_update_kernel(
     x_ptr,  # [R, H, P]
     dt_ptr,  # [R, H] raw
@@ -36,6 +48,7 @@ def ssd_state_update_kernel(
     write_slots_ptr,  # [R] int32, -1: do not write
     dt_min,
     dt_max,
+    num_heads,
     stride_xr,
     stride_xh,
     stride_dtr,
@@ -56,9 +69,8 @@ def ssd_state_update_kernel(
     launch_pdl: tl.constexpr,  # kernels/pdl.py
 ):
     pdl_start(launch_pdl)
-    request = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    request, head, p_tile = state_tile(num_heads, (HEAD_DIM + BLOCK_P - 1) // BLOCK_P)
+    p = p_tile * BLOCK_P + tl.arange(0, BLOCK_P)
     n = tl.arange(0, BLOCK_N)
     p_ok = p < HEAD_DIM
     n_ok = n < STATE_DIM
@@ -66,8 +78,8 @@ def ssd_state_update_kernel(
     read_slot = tl.load(read_slots_ptr + request).to(tl.int64)
     write_slot = tl.load(write_slots_ptr + request).to(tl.int64)
     tile = head * stride_sh + p[:, None] * stride_sp + n[None, :]
-    state = tl.load(states_ptr + read_slot * stride_sb + tile,
-                    mask=tile_ok & (read_slot >= 0), other=0.0)  # fmt: skip
+    state = tl.load(states_ptr + read_slot * stride_sb + tile, mask=tile_ok & (read_slot >= 0),
+                    other=0.0, eviction_policy="evict_first")  # fmt: skip
 
     dt = discretize_dt(tl.load(dt_ptr + request * stride_dtr + head),
                        tl.load(dt_bias_ptr + head), dt_min, dt_max)  # fmt: skip
@@ -82,4 +94,4 @@ def ssd_state_update_kernel(
     tl.store(y_ptr + request * stride_yr + head * stride_yh + p,
              y.to(y_ptr.dtype.element_ty), mask=p_ok)  # fmt: skip
     tl.store(states_ptr + write_slot * stride_sb + tile, state,
-             mask=tile_ok & (write_slot >= 0))  # fmt: skip
+             mask=tile_ok & (write_slot >= 0), cache_modifier=".cs")  # fmt: skip
