@@ -8,7 +8,8 @@ import torch
 
 from unified_attn import SamplingParams
 from unified_attn.request import Request
-from unified_attn.runner.sampler import Sampler, apply_penalties
+from unified_attn.runner.logits_processing import apply_penalties
+from unified_attn.runner.sampler import Sampler
 
 EOS = 5
 # six tokens; the raw argmax is 5 (= EOS), then 0
@@ -71,16 +72,17 @@ def test_a_sampled_request_applies_penalties_before_temperature():
     assert got == int((probs / noise).argmax())
 
 
-def test_the_prompt_mask_is_built_once_per_request_and_dropped_with_it():
+def test_the_prompt_tokens_are_marked_once_per_request_and_dropped_with_it():
     sampler = Sampler(torch.device("cpu"), eos_token_ids=(EOS,))
     r = request(repetition_penalty=1.2)
     sampler.sample(LOGITS[None], [r])
-    mask = sampler.prompt_masks["r"]
-    assert mask.tolist() == [True, False, False, True, False, False]
+    counts = sampler.logits_processor.output_counts
+    slot = counts.rows["r"].slot
+    assert counts.prompt[slot].tolist() == [True, False, False, True, False, False]
     sampler.sample(LOGITS[None], [r])
-    assert sampler.prompt_masks["r"] is mask
+    assert counts.rows["r"].slot == slot
     sampler.drop("r")
-    assert sampler.prompt_masks == {}
+    assert counts.rows == {} and counts.free[-1] == slot
 
 
 # ---- min_tokens --------------------------------------------------------------------------------

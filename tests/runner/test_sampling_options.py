@@ -12,7 +12,8 @@ from tests.runner.builders import script
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.engine.detokenizer import IncrementalText
 from unified_attn.request import Request
-from unified_attn.runner.sampler import Sampler, ban_bad_words, filter_logits
+from unified_attn.runner.logits_processing import ban_bad_words
+from unified_attn.runner.sampler import Sampler, filter_logits
 
 logits_process = pytest.importorskip("transformers.generation.logits_process")
 

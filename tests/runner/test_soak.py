@@ -25,7 +25,7 @@ from tests.managers.helpers import walk_free_queue
 from unified_attn import LLMEngine, SamplingParams
 from unified_attn.models import MLA_PRESETS, PRESETS, V4_PRESETS
 from unified_attn.request import RequestStatus
-from unified_attn.runner.sampler import apply_penalties
+from unified_attn.runner.logits_processing import apply_penalties
 from unified_attn.sampling_params import RequestOutputKind
 from unified_attn.spec_decode.draft_model import DraftModelProposer
 
@@ -328,7 +328,9 @@ class Soak:
         assert all(b.ref_cnt == 0 for b in pool.blocks)
         runner = engine.runner
         assert not runner.block_tables.rows and not runner.sampler.generators
-        assert not runner.sampler.prompt_masks and not engine.unfinished_request_ids()
+        processor = runner.sampler.logits_processor
+        assert not processor.disallowed_masks and not engine.unfinished_request_ids()
+        assert processor.output_counts is None or not processor.output_counts.rows
         assert set(self.outputs) == set(self.submitted), "a request ended without an output"
         assert engine.scheduler.num_preemptions > 0, "the pool never forced a preemption"
 

@@ -12,9 +12,9 @@
    of the probabilities divided by Exp(1) noise); a seeded request's noise comes from its own
    generator, so its tokens do not depend on the rest of the batch.
 
-Steps 2-4 work row by row on the rows that need them; step 5 works on the whole batch with no
-host synchronisation: the only transfer to the host is the tokens (and the log-probabilities of
-the rows that ask for them).
+Steps 2-4 work on the rows that need them, all at once (`logits_processing`), step 5 on the
+whole batch, neither with a host synchronisation: the only transfer to the host is the tokens
+(and the log-probabilities of the rows that ask for them).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from unified_attn.models.invariant import log_softmax
 from unified_attn.request import Request
+from unified_attn.runner.logits_processing import LogitsProcessor, needs_processing
 from unified_attn.runner.logprobs import (
     StepLogprobs,
     TokenLogprobs,
@@ -57,56 +58,8 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return filter_batch(logits[None], tensors)[0]
 
 
-def apply_penalties(
-    logits: torch.Tensor,
-    prompt_mask: torch.Tensor | None,
-    output_token_ids: Sequence[int],
-    params: SamplingParams,
-) -> torch.Tensor:
-    """vLLM's penalties on one row `[V]`: tokens seen in the prompt (`prompt_mask`, bool `[V]`;
-    None when `repetition_penalty` is 1) or the output have their logit divided by
-    `repetition_penalty` if positive, multiplied by it if not; then every output occurrence
-    subtracts `frequency_penalty` and every distinct output token `presence_penalty`."""
-    # counted with index_add (exact: sums of ones), not bincount, which reads the largest id on
-    # the host: an overlapped step samples with its forward queued and must not wait for it
-    ids = to_device(list(output_token_ids), torch.int64, logits.device)
-    ones = torch.ones(ids.shape, dtype=logits.dtype, device=logits.device)
-    counts = torch.zeros_like(logits).index_add_(0, ids, ones)
-    in_output = counts > 0
-    if params.repetition_penalty != 1.0:
-        assert prompt_mask is not None
-        seen = prompt_mask | in_output
-        penalty = torch.where(seen, params.repetition_penalty, 1.0)
-        logits = logits * torch.where(logits > 0, 1.0 / penalty, penalty)
-    return logits - params.frequency_penalty * counts - params.presence_penalty * in_output
-
-
-def ban_bad_words(
-    logits: torch.Tensor, bad_words: Sequence[Sequence[int]], output_token_ids: Sequence[int]
-) -> torch.Tensor:
-    """vLLM's bad words on one row `[V]`: a word's last token is -inf when the output ends with
-    the word's other tokens (a one-token word: always)."""
-    banned = []
-    for word in bad_words:
-        prefix = list(word[:-1])
-        if len(prefix) <= len(output_token_ids) and (
-            not prefix or list(output_token_ids[-len(prefix) :]) == prefix
-        ):
-            banned.append(word[-1])
-    if not banned:
-        return logits
-    banned_ids = to_device(banned, torch.int64, logits.device)
-    return logits.index_fill(0, banned_ids, float("-inf"))
-
-
 def _torch_log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
-
-
-def stop_token_ids(params: SamplingParams, eos_token_ids: Sequence[int]) -> list[int]:
-    """The tokens `min_tokens` holds back: the request's stop tokens and, unless it ignores EOS,
-    the model's EOS tokens."""
-    return [*params.stop_token_ids, *(() if params.ignore_eos else eos_token_ids)]
 
 
 def reads_outputs(request: Request) -> bool:
@@ -135,13 +88,9 @@ class Sampler:
         self.log_softmax: Callable[[torch.Tensor], torch.Tensor] = (
             log_softmax if batch_invariant else _torch_log_softmax
         )
-        self.eos_token_ids = tuple(eos_token_ids)
         self.default_generator = torch.Generator(device=device).manual_seed(seed)
         self.generators: dict[str, torch.Generator] = {}
-        # request id -> bool [V]: the prompt's tokens, for `repetition_penalty` (built once)
-        self.prompt_masks: dict[str, torch.Tensor] = {}
-        # request id -> bool [V]: the tokens outside `allowed_token_ids` (built once)
-        self.disallowed_masks: dict[str, torch.Tensor] = {}
+        self.logits_processor = LogitsProcessor(eos_token_ids)
 
     def sample(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
         """One token per row of `logits [N, V]` (float32); row `i` belongs to `requests[i]`."""
@@ -152,7 +101,7 @@ class Sampler:
         self, logits: torch.Tensor, requests: Sequence[Request | ExtendedRequest]
     ) -> torch.Tensor:
         """`sample`'s tokens `[N]` int64, left on the device (no host synchronisation)."""
-        processed = self._process(logits, requests)
+        processed = self.logits_processor.process(logits, requests)
         sampled = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if not sampled:
             chosen = processed.argmax(dim=-1)
@@ -191,7 +140,7 @@ class Sampler:
         probability of it, and a rejection draws from the target with the draft's token removed,
         which keeps every token distributed as the target (Leviathan et al., 2023)."""
         params: SamplingParams = request.sampling_params
-        if params.greedy and not self._needs_processing(request):
+        if params.greedy and not needs_processing(request):
             return self._verify_greedy(logits, request, drafts)
         tokens: list[int] = []
         outputs = list(request.output_token_ids)
@@ -232,70 +181,14 @@ class Sampler:
             probs[draft] = 0.0
         return int(exponential_race(probs[None], {0: generator}, None)[0])
 
-    def _process(
-        self, logits: torch.Tensor, requests: Sequence[Request | ExtendedRequest]
-    ) -> torch.Tensor:
-        """`min_tokens` masks and penalties, on a copy, for the rows that have them."""
-        rows = [i for i, r in enumerate(requests) if self._needs_processing(r)]
-        if not rows:
-            return logits
-        out = logits.clone()
-        for i in rows:
-            out[i] = self._process_row(logits[i], requests[i])
-        return out
-
-    @staticmethod
-    def _needs_processing(request: Request | ExtendedRequest) -> bool:
-        params: SamplingParams = request.sampling_params
-        return (
-            params.has_penalties
-            or params.changes_logits
-            or request.num_output_tokens < params.min_tokens
-        )
-
     def _process_row(
         self, row: torch.Tensor, request: Request | ExtendedRequest, force: bool = True
     ) -> torch.Tensor:
-        """`min_tokens` masks and penalties of one row (`force=False`: only if it needs
-        them)."""
-        params: SamplingParams = request.sampling_params
-        if not force and not self._needs_processing(request):
+        """Steps 2-4 of one row `[V]` for `request` as it is (its outputs counted afresh; a
+        new tensor), or `row` itself when `force` is False and it needs none of them."""
+        if not force and not needs_processing(request):
             return row
-        if params.allowed_token_ids is not None:
-            row = self._allowed_only(row, request.request_id, params.allowed_token_ids)
-        if request.bad_words_token_ids:
-            row = ban_bad_words(row, request.bad_words_token_ids, request.output_token_ids)
-        if request.num_output_tokens < params.min_tokens:
-            held = to_device(stop_token_ids(params, self.eos_token_ids), torch.int64, row.device)
-            row = row.index_fill(0, held, float("-inf"))
-        if params.logit_bias:
-            tokens = to_device(list(params.logit_bias), torch.int64, row.device)
-            biases = to_device(list(params.logit_bias.values()), row.dtype, row.device)
-            row = row.index_add(0, tokens, biases)
-        if params.has_penalties:
-            mask = self._prompt_mask(request, row) if params.repetition_penalty != 1.0 else None
-            row = apply_penalties(row, mask, request.output_token_ids, params)
-        return row
-
-    def _allowed_only(
-        self, row: torch.Tensor, request_id: str, allowed: Sequence[int]
-    ) -> torch.Tensor:
-        """`row` with every token outside `allowed` at -inf (the mask is built once)."""
-        mask = self.disallowed_masks.get(request_id)
-        if mask is None:
-            mask = torch.ones(row.shape[-1], dtype=torch.bool, device=row.device)
-            mask[to_device(list(allowed), torch.int64, row.device)] = False
-            self.disallowed_masks[request_id] = mask
-        return row.masked_fill(mask, float("-inf"))
-
-    def _prompt_mask(self, request: Request | ExtendedRequest, row: torch.Tensor) -> torch.Tensor:
-        mask = self.prompt_masks.get(request.request_id)
-        if mask is None:
-            mask = torch.zeros(row.shape[-1], dtype=torch.bool, device=row.device)
-            ids = to_device(request.prompt_token_ids, torch.int64, row.device)
-            mask[ids] = True
-            self.prompt_masks[request.request_id] = mask
-        return mask
+        return self.logits_processor.process_rows(row[None].clone(), [request], counted=False)[0]
 
     def step_logprobs(
         self, logits: torch.Tensor, ids: torch.Tensor, requests: Sequence[Request]
@@ -336,8 +229,7 @@ class Sampler:
 
     def drop(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
-        self.prompt_masks.pop(request_id, None)
-        self.disallowed_masks.pop(request_id, None)
+        self.logits_processor.drop(request_id)
 
 
 @attrs.frozen
