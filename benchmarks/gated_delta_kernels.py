@@ -49,13 +49,20 @@ TILE_SWEEP = [(bv, w) for bv in (8, 16, 32, 64) for w in (1, 2, 4, 8)]
 # one stage is left out: Triton 3.6 reads shared memory out of bounds at (32, 4, 1) on an H200
 CHUNKED_SWEEP = [(bv, w, s) for bv in (16, 32, 64) for w in (4, 8) for s in (2, 3)]
 DT = torch.bfloat16
+SECTIONS = ("decode", "prefill")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     add_out_argument(ap)
     ap.add_argument("--quick", action="store_true", help="a few shapes, for a smoke run")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated: any of {', '.join(SECTIONS)}")  # fmt: skip
     args = ap.parse_args(argv)
+    args.sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = sorted(set(args.sections) - set(SECTIONS)) or ([] if args.sections else ["(none)"])
+    if unknown:
+        ap.error(f"--sections: expected any of {', '.join(SECTIONS)}, got {', '.join(unknown)}")
     args.argv = argv
     return args
 
@@ -231,10 +238,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     results["shape"] = {"key_heads": HK, "value_heads": HV, "key_dim": DK, "value_dim": DV}
     results["vllm_peers"] = fla is not None
     results["copy_bandwidth_bytes_per_s"] = copy_bw = copy_bandwidth()
-    batches = [1, 64] if args.quick else DECODE_BATCHES
+    batches = ([1, 64] if args.quick else DECODE_BATCHES) if "decode" in args.sections else []
     results["decode"] = [bench_decode(b, copy_bw, not args.quick, fla) for b in batches]
     write_json(out / "gated_delta_kernels.json", results)
-    shapes = PREFILL[: 1 if args.quick else len(PREFILL)]
+    shapes = PREFILL[: 1 if args.quick else len(PREFILL)] if "prefill" in args.sections else []
     results["prefill"] = [bench_prefill(lengths, not args.quick, fla) for lengths in shapes]
     write_json(out / "gated_delta_kernels.json", results)
     report(console, results)
