@@ -13,6 +13,7 @@ here with `l2norm=True`; each key head serves `Hv / Hk` value heads; the kernels
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -200,11 +201,28 @@ class WYForm(NamedTuple):
     factors: torch.Tensor  # [NC, Hv, 3, CHUNK] float32
 
 
-def chunked_tiles(dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_V, num_warps, num_stages) of `chunk_state_kernel`: `[Dk, 32]` state tiles, the
-    next chunk's loads in flight (no spills at Dk = 128, sm90); float32's FMA products: 16
-    columns, 8 warps."""
-    return (16, 8, 2) if dtype == torch.float32 else (CHUNKED_BLOCK_V, 4, 2)
+def chunked_tiles(
+    dtype: torch.dtype, num_requests: int, num_heads: int, v_dim: int, device: torch.device
+) -> tuple[int, int, int]:
+    """(BLOCK_V, num_warps, num_stages) of `chunk_state_kernel`, whose programs (one per
+    request, head and column tile) each walk their request's chunks in order: `[Dk, 64]` tiles
+    when that still gives 1.5 programs per SM, else `[Dk, 32]`, the next chunk's loads in flight
+    (3 stages); float32's FMA products: 16 columns, 8 warps. H200, Qwen3-Next's heads
+    (`benchmarks/gated_delta_kernels.py` sweep, 2026-11-29): 4 x 2,048 tokens 0.702 ms at
+    (32, 4, 2) -> 0.520 at (64, 4, 3); one request of 8,192 0.651 -> 0.620 at (32, 4, 3), where
+    64 columns leave SMs idle (0.661)."""
+    if dtype == torch.float32:
+        return 16, 8, 2
+    wide = num_requests * num_heads * triton.cdiv(v_dim, 2 * CHUNKED_BLOCK_V)
+    return (2 * CHUNKED_BLOCK_V if wide >= 1.5 * _sm_count(device) else CHUNKED_BLOCK_V), 4, 3
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (elsewhere a count no tile choice reaches)."""
+    if device.type != "cuda":
+        return 1 << 30
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def launch_chunked(
@@ -216,8 +234,9 @@ def launch_chunked(
     """The chunked form's three launches, unchecked (`gated_delta_chunked_varlen` checks; a
     benchmark sweeps `tiles` through this)."""
     form = wy_form(q, k, v, g, beta, qsl, offsets, scale, l2norm)
+    tiles = tiles or chunked_tiles(v.dtype, qsl.shape[0] - 1, v.shape[1], v.shape[2], v.device)
     launch_chunk_states(form, q, k, o, qsl, offsets, states, read_slots, write_slots,
-                        checkpoints, chunk_size, tiles or chunked_tiles(v.dtype))  # fmt: skip
+                        checkpoints, chunk_size, tiles)  # fmt: skip
 
 
 def wy_form(
