@@ -213,6 +213,18 @@ def gpu_ms(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median"))
 
 
+def paired_ms(fns: dict[str, Callable[[], Any]], rounds: int = 3) -> dict[str, list[float]]:
+    """`gpu_ms` of every fn in each of `rounds` rounds, the fns taken in turn (A B A B ...), so a
+    drift of the GPU's speed during a row (an H200 idle since the machine started ran its first
+    timed kernels up to 2.5x slower) reaches every side alike -> name: the rounds' times (take
+    `statistics.median`)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(gpu_ms(fn))
+    return times
+
+
 def prefill_flops(length: int, context: int = 0) -> float:
     """Causal attention FLOPs of `length` queries after `context` keys: 4 * Hq * D per visible
     (query, key) pair."""

@@ -21,7 +21,9 @@ against vLLM 0.33's fla kernels as same-run peers.
   k (`vllm_ms`; the gather of its initial states and the scatter of its final states, which
   ours does in the kernel, are left out of its time), fla on q, k normalised beforehand
   (`vllm_prenorm_ms`: vLLM's own prefill, whose L2 norm is fused into an earlier kernel), and
-  the torch chunked form (`gated_delta_math`). `triton.testing.do_bench` medians.
+  the torch chunked form (`gated_delta_math`). `triton.testing.do_bench` medians; ours and
+  fla's two calls timed in turn three times (`common.paired_ms`, each round in `rounds_ms`),
+  the median reported.
 
 Every peer has `vllm_over_ours` (time ratio: > 1 means we are faster) and `max_rel_diff` of its
 outputs and states against ours on the same inputs (`tokens_max_rel_diff`: the token kernel
@@ -32,11 +34,22 @@ the peers folder only our kernels run.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from common import add_out_argument, gpu_ms, make_console, output_dir, run_header, table, write_json
+from common import (
+    add_out_argument,
+    gpu_ms,
+    make_console,
+    output_dir,
+    paired_ms,
+    run_header,
+    table,
+    warm_up_gpu,
+    write_json,
+)
 from gated_delta_peer_calls import fla_decode, fla_layout, fla_packed_decode, fla_prefill, load_fla
 from ssm_kernels import copy_bandwidth, graph_us, rel_diff, rotations
 
@@ -155,7 +168,14 @@ def bench_prefill(lengths: list[int], sweep: bool, fla: Any) -> dict[str, Any]:
     def ours(kernel: str = "chunked") -> torch.Tensor:
         return ops.gated_delta_chunked_varlen(*args, SCALE, 64, l2norm=True, kernel=kernel)
 
-    row: dict[str, Any] = {"lengths": lengths, "ours_ms": gpu_ms(ours)}
+    ours()  # compiles
+    peers = {} if fla is None else prefill_peer_calls(fla, inp, qsl, pool[1 : num + 1])
+    for peer in peers.values():
+        peer()  # compiles
+    warm_up_gpu()
+    rounds = paired_ms({"ours": ours, **peers})
+    row: dict[str, Any] = {"lengths": lengths, "rounds_ms": rounds,
+                           "ours_ms": statistics.median(rounds["ours"])}  # fmt: skip
     row["tokens_per_s"] = tokens / (row["ours_ms"] * 1e-3)
     row["ours_wy_ms"] = gpu_ms(lambda: ops.wy_form(*args[:7], SCALE, True))
     row["tokens_ms"] = gpu_ms(lambda: ours("tokens"))
@@ -166,8 +186,12 @@ def bench_prefill(lengths: list[int], sweep: bool, fla: Any) -> dict[str, Any]:
     row["torch_over_ours"] = row["torch_ms"] / row["ours_ms"]
     if sweep:
         row.update(chunked_sweep(ops, args, o))
-    if fla is not None:
-        row.update(prefill_peers(fla, inp, qsl, pool[1 : num + 1], o, final, row["ours_ms"]))
+    for name, peer in peers.items():
+        ms = statistics.median(rounds[name])
+        o_peer, final_peer = peer()
+        diff = max(rel_diff(o_peer, o), rel_diff(fla_layout(final_peer), final))
+        row.update({f"{name}_ms": ms, f"{name}_over_ours": ms / row["ours_ms"],
+                    f"{name}_max_rel_diff": diff})  # fmt: skip
     return row
 
 
@@ -186,23 +210,18 @@ def chunked_sweep(ops: Any, args: tuple, o: torch.Tensor) -> dict[str, Any]:
             "best_chunked_tiles": best}  # fmt: skip
 
 
-def prefill_peers(
-    fla: Any, inp: dict, qsl: torch.Tensor, initial: torch.Tensor, o: torch.Tensor,
-    final: torch.Tensor, ours_ms: float,
-) -> dict[str, Any]:  # fmt: skip
+def prefill_peer_calls(
+    fla: Any, inp: dict, qsl: torch.Tensor, initial: torch.Tensor
+) -> dict[str, Callable[[], tuple[torch.Tensor, torch.Tensor]]]:
+    """fla's prefill on the same raw q, k (`vllm`, the norm in its kernel) and on q, k
+    normalised beforehand (`vllm_prenorm`, vLLM's own prefill, whose norm is fused earlier)."""
     from unified_attn.backends import gated_delta_math
 
     q, k = gated_delta_math.prepare_qk(inp["q"], inp["k"], HK)
     normed = {**inp, "q": (q / SCALE).to(DT), "k": k.to(DT)}
-    row: dict[str, Any] = {}
-    for name, peer_inp, l2norm in (("", inp, True), ("prenorm_", normed, False)):
-        peer = fla_prefill(fla, peer_inp, qsl, fla_layout(initial), SCALE, l2norm)
-        ms = gpu_ms(peer)
-        o_peer, final_peer = peer()
-        diff = max(rel_diff(o_peer, o), rel_diff(fla_layout(final_peer), final))
-        row.update({f"vllm_{name}ms": ms, f"vllm_{name}over_ours": ms / ours_ms,
-                    f"vllm_{name}max_rel_diff": diff})  # fmt: skip
-    return row
+    sides = (("vllm", inp, True), ("vllm_prenorm", normed, False))
+    return {name: fla_prefill(fla, peer_inp, qsl, fla_layout(initial), SCALE, l2norm)
+            for name, peer_inp, l2norm in sides}  # fmt: skip
 
 
 def torch_ms(inp: dict[str, torch.Tensor], lengths: list[int]) -> float:

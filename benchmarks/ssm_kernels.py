@@ -11,9 +11,11 @@ kernels as same-run peers, at Nemotron-H-8B and Granite-4.0-H-Small shapes (bflo
   device-to-device copy bandwidth measured in this run (target >= 0.7); with `--tile-sweep`
   also our tile sweep.
 - prefill chunked scan (`ssd_scan_varlen` vs `mamba_chunk_scan_combined_varlen`) at 2k and
-  8k tokens, one request and four; `triton.testing.do_bench` medians.
+  8k tokens, one request and four; `triton.testing.do_bench` medians, ours and vLLM's timed in
+  turn three times (`common.paired_ms`; `rounds_ms` keeps each round), the median reported.
 - conv: prefill (`causal_conv1d_varlen` vs `causal_conv1d_fn` with its metadata prepared as
-  vLLM's builder does) and decode (`causal_conv1d_update` vs vLLM's, graphs as above).
+  vLLM's builder does; timed as the scan) and decode (`causal_conv1d_update` vs vLLM's,
+  graphs as above).
 
 Every row has `vllm_over_ours` (time ratio: > 1 means we are faster) and `max_rel_diff` of
 our outputs and states against vLLM's on the same inputs. Writes `DIR/ssm_kernels.json` (after
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +37,7 @@ from common import (
     gpu_ms,
     make_console,
     output_dir,
+    paired_ms,
     pyplot,
     run_header,
     save_figure,
@@ -213,26 +217,26 @@ def bench_scan(model: tuple[int, ...], lengths: list[int], peers: Any) -> dict:
                                        inp["none"], inp["slots"], chunk)  # fmt: skip
 
     ours()  # compiles
-    warm_up_gpu()
-    row: dict[str, Any] = {"lengths": lengths, "ours_ms": gpu_ms(ours)}
-    if peers is not None:
-        cu_chunks, seq_idx, last = vllm_chunks(lengths, chunk)
-        out = torch.empty_like(inp["x"])
+    if peers is None:
+        warm_up_gpu()
+        return {"lengths": lengths, "ours_ms": gpu_ms(ours)}
+    cu_chunks, seq_idx, last = vllm_chunks(lengths, chunk)
+    out = torch.empty_like(inp["x"])
 
-        def vllm() -> torch.Tensor:
-            peers.scan.mamba_chunk_scan_combined_varlen(
-                inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk, inp["qsl"], cu_chunks,
-                last, seq_idx, out, D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
-                state_dtype=torch.float32, final_states_out=inp["pool"],
-                final_state_indices=inp["slots"],
-            )  # fmt: skip
-            return out
+    def vllm() -> torch.Tensor:
+        peers.scan.mamba_chunk_scan_combined_varlen(
+            inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk, inp["qsl"], cu_chunks,
+            last, seq_idx, out, D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
+            state_dtype=torch.float32, final_states_out=inp["pool"],
+            final_state_indices=inp["slots"],
+        )  # fmt: skip
+        return out
 
-        row["vllm_ms"] = gpu_ms(vllm)
-        row["vllm_over_ours"] = row["vllm_ms"] / row["ours_ms"]
-        y = ours().clone()
-        states = inp["pool"][1:].clone()
-        row["max_rel_diff"] = max(rel_diff(y, vllm()), rel_diff(states, inp["pool"][1:]))
+    vllm()  # compiles
+    row = paired_row(lengths, ours, vllm)
+    y = ours().clone()
+    states = inp["pool"][1:].clone()
+    row["max_rel_diff"] = max(rel_diff(y, vllm()), rel_diff(states, inp["pool"][1:]))
     return row
 
 
@@ -262,23 +266,34 @@ def bench_conv_prefill(model: tuple[int, ...], lengths: list[int], peers: Any) -
                                             inp["weight"], inp["bias"])  # fmt: skip
 
     ours()  # compiles
+    if peers is None:
+        warm_up_gpu()
+        return {"lengths": lengths, "ours_ms": gpu_ms(ours)}
+    meta = vllm_conv_metadata(qsl_cpu)
+    fresh = torch.zeros(len(lengths), dtype=torch.bool, device="cuda")
+
+    def vllm() -> torch.Tensor:
+        return peers.conv.causal_conv1d_fn(
+            inp["x"].t(), inp["weight"], inp["bias"], inp["states"].transpose(1, 2), qsl,
+            cache_indices=slots, has_initial_state=fresh, metadata=meta,
+        ).t()  # fmt: skip
+
+    vllm()  # compiles
+    row = paired_row(lengths, ours, vllm)
+    y = ours().clone()
+    states = inp["states"][1:].clone()
+    row["max_rel_diff"] = max(rel_diff(y, vllm()), rel_diff(states, inp["states"][1:]))
+    return row
+
+
+def paired_row(lengths: list[int], ours: Callable[[], Any], vllm: Callable[[], Any]) -> dict:
+    """A prefill row: ours and vLLM's (both compiled) timed in turn (`common.paired_ms`) on a
+    busy GPU, the medians and every round's time."""
     warm_up_gpu()
-    row: dict[str, Any] = {"lengths": lengths, "ours_ms": gpu_ms(ours)}
-    if peers is not None:
-        meta = vllm_conv_metadata(qsl_cpu)
-        fresh = torch.zeros(len(lengths), dtype=torch.bool, device="cuda")
-
-        def vllm() -> torch.Tensor:
-            return peers.conv.causal_conv1d_fn(
-                inp["x"].t(), inp["weight"], inp["bias"], inp["states"].transpose(1, 2), qsl,
-                cache_indices=slots, has_initial_state=fresh, metadata=meta,
-            ).t()  # fmt: skip
-
-        row["vllm_ms"] = gpu_ms(vllm)
-        row["vllm_over_ours"] = row["vllm_ms"] / row["ours_ms"]
-        y = ours().clone()
-        states = inp["states"][1:].clone()
-        row["max_rel_diff"] = max(rel_diff(y, vllm()), rel_diff(states, inp["states"][1:]))
+    rounds = paired_ms({"ours": ours, "vllm": vllm})
+    row: dict[str, Any] = {"lengths": lengths, "rounds_ms": rounds}
+    row["ours_ms"], row["vllm_ms"] = (statistics.median(rounds[k]) for k in ("ours", "vllm"))
+    row["vllm_over_ours"] = row["vllm_ms"] / row["ours_ms"]
     return row
 
 
