@@ -28,3 +28,22 @@ def test_an_unknown_section_is_refused_in_one_line(bench, capsys, value, named):
         "error: --sections: expected any of decode, scan, conv_prefill, conv_decode, got "
         + named
     )
+
+
+def test_prefill_rows_time_ours_and_the_peer_in_turn(bench, monkeypatch):
+    """`paired_ms` alternates the sides round by round, and a row reports each side's median."""
+    import common
+
+    calls = []
+    times = iter([5.0, 9.0, 1.0, 8.0, 3.0, 7.0])  # ours, vllm, ours, vllm, ...
+
+    def fake_gpu_ms(fn):
+        calls.append(fn())
+        return next(times)
+
+    monkeypatch.setattr(common, "gpu_ms", fake_gpu_ms)
+    monkeypatch.setattr(bench, "warm_up_gpu", lambda: None)
+    row = bench.paired_row([2048], lambda: "ours", lambda: "vllm")
+    assert calls == ["ours", "vllm"] * 3
+    assert row["rounds_ms"] == {"ours": [5.0, 1.0, 3.0], "vllm": [9.0, 8.0, 7.0]}
+    assert (row["ours_ms"], row["vllm_ms"], row["vllm_over_ours"]) == (3.0, 8.0, 8.0 / 3.0)
