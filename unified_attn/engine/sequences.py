@@ -65,17 +65,19 @@ class ParentRequest:
     last_token_time: float | None = None
     num_outputs: int = 0  # outputs `step()` has returned for it
 
-    def metrics(self) -> RequestMetrics:
-        return RequestMetrics(
-            self.arrival_time,
-            self.first_token_time,
-            self.last_token_time,
-            sum(seq.request.num_output_tokens for seq in self.sequences),
-            sum(seq.request.num_preemptions for seq in self.sequences),
-        )
+    def counts(self) -> tuple[int, int]:
+        """(output tokens, preemptions) of all its sequences (one, unless `n` > 1: read
+        directly, as this runs for every request at every streamed step)."""
+        if len(self.sequences) == 1:
+            request = self.sequences[0].request
+            return len(request.output_token_ids), request.num_preemptions
+        requests = [seq.request for seq in self.sequences]
+        return sum(r.num_output_tokens for r in requests), sum(r.num_preemptions for r in requests)
 
     @property
     def done(self) -> bool:
+        if len(self.sequences) == 1:
+            return self.sequences[0].finish_reason is not None
         return all(s.finish_reason is not None for s in self.sequences)
 
 
@@ -140,13 +142,16 @@ def _output(
     prompt_logprobs = None
     if head.request.sampling_params.prompt_logprobs is not None and once:
         prompt_logprobs = [None, *(logprob_entry(lp, tokenizer) for lp in head.prompt_logprobs)]
+    num_tokens, num_preemptions = parent.counts()
+    metrics = RequestMetrics(parent.arrival_time, parent.first_token_time,
+                             parent.last_token_time, num_tokens, num_preemptions)  # fmt: skip
     return RequestOutput(
         parent.request_id,
         parent.prompt_token_ids,
         first.token_ids,
         first.finish_reason,
         first.text,
-        sum(seq.request.num_preemptions for seq in parent.sequences),
+        num_preemptions,
         torch.cat(head.prompt_logits) if head.prompt_logits and once else None,
         first.logits,
         prompt=parent.prompt,
@@ -156,7 +161,7 @@ def _output(
         encoder_prompt=parent.encoder_prompt,
         prompt_logprobs=prompt_logprobs,
         num_cached_tokens=max(head.request.num_cached_tokens, 0),
-        metrics=parent.metrics(),
+        metrics=metrics,
     )
 
 
