@@ -54,13 +54,15 @@ def penalize(
         return to_device(values, logits.dtype, logits.device)[:, None]
 
     in_output = counts > 0
-    if prompt_seen is not None:
+    if prompt_seen is not None:  # as vLLM's: divided (not times the reciprocal), bit for bit
         penalty = torch.where(prompt_seen | in_output,
                               column([p.repetition_penalty for p in params]), 1.0)  # fmt: skip
-        logits = logits * torch.where(logits > 0, 1.0 / penalty, penalty)
-    frequency = column([p.frequency_penalty for p in params])
-    presence = column([p.presence_penalty for p in params])
-    return logits - frequency * counts - presence * in_output
+        logits = torch.where(logits > 0, logits / penalty, logits * penalty)
+    if any(p.frequency_penalty for p in params):  # a zero term changes nothing: skipped
+        logits = logits - column([p.frequency_penalty for p in params]) * counts
+    if any(p.presence_penalty for p in params):
+        logits = logits - column([p.presence_penalty for p in params]) * in_output
+    return logits
 
 
 def apply_penalties(
