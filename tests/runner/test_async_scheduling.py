@@ -285,8 +285,9 @@ def serve_outputs(engine: LLMEngine, jobs: list[tuple[list[int], SamplingParams]
 
 
 def test_the_token_in_flight_is_appended_only_where_sampling_reads_outputs():
+    from unified_attn.runner.logits_processing import reads_outputs
     from unified_attn.runner.overlap import DeviceTokens, with_tokens_in_flight
-    from unified_attn.runner.sampler import ExtendedRequest, reads_outputs
+    from unified_attn.runner.sampler import ExtendedRequest
 
     def request(rid: str, placeholders: int, **kw) -> Request:
         r = Request(rid, [1, 2], sampling_params=SamplingParams(**kw))

@@ -66,18 +66,12 @@ class ParentRequest:
     num_outputs: int = 0  # outputs `step()` has returned for it
 
     def counts(self) -> tuple[int, int]:
-        """(output tokens, preemptions) of all its sequences (one, unless `n` > 1: read
-        directly, as this runs for every request at every streamed step)."""
-        if len(self.sequences) == 1:
-            request = self.sequences[0].request
-            return len(request.output_token_ids), request.num_preemptions
+        """(output tokens, preemptions) of all its sequences."""
         requests = [seq.request for seq in self.sequences]
         return sum(r.num_output_tokens for r in requests), sum(r.num_preemptions for r in requests)
 
     @property
     def done(self) -> bool:
-        if len(self.sequences) == 1:
-            return self.sequences[0].finish_reason is not None
         return all(s.finish_reason is not None for s in self.sequences)
 
 

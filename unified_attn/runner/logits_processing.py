@@ -134,6 +134,14 @@ def needs_processing(request: Request) -> bool:
     )
 
 
+def reads_outputs(request: Request) -> bool:
+    """Whether sampling `request` reads its output tokens (penalties, bad words) or their count
+    (`min_tokens`), so that an overlapped step needs the token still in flight
+    (`overlap.with_tokens_in_flight`)."""
+    params: SamplingParams = request.sampling_params
+    return params.has_penalties or params.min_tokens > 0 or bool(request.bad_words_token_ids)
+
+
 @attrs.define
 class _Counted:
     slot: int
@@ -155,31 +163,30 @@ class OutputCounts:
     def slots_of(self, requests: Sequence[Request]) -> torch.Tensor:
         """The requests' slots `[P]` (int64, on the device), their counts brought up to their
         `output_token_ids` by the ops this queues."""
-        fresh: list[int] = []
-        prompt_at: list[int] = []
-        prompt_tokens: list[int] = []
-        at: list[int] = []
-        tokens: list[int] = []
+        taken: list[int] = []  # slots new to a request: counts and prompt rows from zero
+        recounted: list[int] = []  # outputs that do not extend what was counted
+        prompt: tuple[list[int], list[int]] = ([], [])  # (slot, token) pairs
+        outputs: tuple[list[int], list[int]] = ([], [])
         slots = []
         for request in requests:
             counted = self.rows.get(request.request_id)
             if counted is None:
                 counted = self.rows[request.request_id] = _Counted(self._take())
-                fresh.append(counted.slot)
-                prompt_at += [counted.slot] * len(request.prompt_token_ids)
-                prompt_tokens += request.prompt_token_ids
-            outputs = request.output_token_ids
-            if counted.length > len(outputs) or (
-                counted.length and outputs[counted.length - 1] != counted.last
+                taken.append(counted.slot)
+                prompt[0].extend([counted.slot] * len(request.prompt_token_ids))
+                prompt[1].extend(request.prompt_token_ids)
+            ids = request.output_token_ids
+            if counted.length > len(ids) or (
+                counted.length and ids[counted.length - 1] != counted.last
             ):
-                fresh.append(counted.slot)  # not what was counted: count them all again
+                recounted.append(counted.slot)
                 counted.length = 0
-            new = outputs[counted.length :]
-            at += [counted.slot] * len(new)
-            tokens += new
-            counted.length, counted.last = len(outputs), outputs[-1] if outputs else -1
+            new = ids[counted.length :]
+            outputs[0].extend([counted.slot] * len(new))
+            outputs[1].extend(new)
+            counted.length, counted.last = len(ids), ids[-1] if ids else -1
             slots.append(counted.slot)
-        self._queue(fresh, (prompt_at, prompt_tokens), (at, tokens))
+        self._queue(taken, recounted, prompt, outputs)
         return to_device(slots, torch.int64, self.device)
 
     def drop(self, request_id: str) -> None:
@@ -188,22 +195,19 @@ class OutputCounts:
             self.free.append(counted.slot)
 
     def _queue(
-        self, fresh: list[int], prompt: tuple[list[int], list[int]],
+        self, taken: list[int], recounted: list[int], prompt: tuple[list[int], list[int]],
         outputs: tuple[list[int], list[int]],
     ) -> None:  # fmt: skip
-        if fresh:
-            zero = to_device(fresh, torch.int64, self.device)
-            self.counts.index_fill_(0, zero, 0.0)
+        if taken or recounted:
+            self.counts.index_fill_(0, to_device(taken + recounted, torch.int64, self.device), 0.0)
+        if taken:
+            self.prompt.index_fill_(0, to_device(taken, torch.int64, self.device), False)
         if prompt[0]:
-            self.prompt.index_fill_(0, to_device(sorted(set(prompt[0])), torch.int64,
-                                                 self.device), False)  # fmt: skip
-            self.prompt.index_put_(pair_index(*prompt, self.device),
-                                   torch.ones(len(prompt[0]), dtype=torch.bool,
-                                              device=self.device))  # fmt: skip
+            marks = torch.ones(len(prompt[0]), dtype=torch.bool, device=self.device)
+            self.prompt.index_put_(pair_index(*prompt, self.device), marks)
         if outputs[0]:
-            self.counts.index_put_(pair_index(*outputs, self.device),
-                                   torch.ones(len(outputs[0]), device=self.device),
-                                   accumulate=True)  # fmt: skip
+            ones = torch.ones(len(outputs[0]), device=self.device)
+            self.counts.index_put_(pair_index(*outputs, self.device), ones, accumulate=True)
 
     def _take(self) -> int:
         if not self.free:

@@ -13,6 +13,7 @@ import torch
 from unified_attn.backend import CommonAttentionMetadata
 from unified_attn.runner.cuda_graphs import DecodeGraphs
 from unified_attn.runner.device import pinned_to
+from unified_attn.runner.logits_processing import reads_outputs
 from unified_attn.runner.logprobs import TokenLogprobs, token_logprobs
 from unified_attn.runner.overlap import DeviceTokens, PendingStep, draw_along, with_tokens_in_flight
 from unified_attn.runner.runner_groups import (
@@ -21,7 +22,7 @@ from unified_attn.runner.runner_groups import (
     encoder_limits,
     no_cache_backends,
 )
-from unified_attn.runner.sampler import Sampler, reads_outputs
+from unified_attn.runner.sampler import Sampler
 from unified_attn.runner.scheduler import ScheduledRequest, SchedulerOutput
 from unified_attn.runner.step_inputs import (
     BlockTables,

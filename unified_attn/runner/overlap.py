@@ -5,8 +5,8 @@ behind the forward and read once the copy is done (`PendingStep`). Also the asyn
 to device copy every step input goes through (`pinned_to`): a copy from pageable memory makes
 the host wait for the device, which would serialise the host's next step with this one
 (`runner/device.pinned_to`). The requests whose sampling reads their output tokens
-(penalties, bad words, `min_tokens`: `sampler.reads_outputs`) get the token the step in flight
-sampled for them before the next step samples (`with_tokens_in_flight`, as vLLM's
+(penalties, bad words, `min_tokens`: `logits_processing.reads_outputs`) get the token the step
+in flight sampled for them before the next step samples (`with_tokens_in_flight`, as vLLM's
 `update_async_output_token_ids`). And the random draws a tensor-parallel rank other than 0 makes
 in plain steps (`draw_along`), which keep its generators in step with rank 0's for the
 overlapped steps every rank samples."""

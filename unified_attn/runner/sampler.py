@@ -62,14 +62,6 @@ def _torch_log_softmax(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-def reads_outputs(request: Request) -> bool:
-    """Whether sampling `request` reads its output tokens (penalties, bad words) or their count
-    (`min_tokens`), so that an overlapped step needs the token still in flight
-    (`overlap.with_tokens_in_flight`)."""
-    params: SamplingParams = request.sampling_params
-    return params.has_penalties or params.min_tokens > 0 or bool(request.bad_words_token_ids)
-
-
 class Sampler:
     """Samples one token per row; a seeded request keeps its own generator for its whole life
     (across preemption), others share the engine's."""

@@ -214,14 +214,12 @@ def chunked_tiles(
     if dtype == torch.float32:
         return 16, 8, 2
     wide = num_requests * num_heads * triton.cdiv(v_dim, 2 * CHUNKED_BLOCK_V)
-    return (2 * CHUNKED_BLOCK_V if wide >= 1.5 * _sm_count(device) else CHUNKED_BLOCK_V), 4, 3
+    fills = device.type == "cuda" and wide >= 1.5 * _sm_count(device)
+    return (2 * CHUNKED_BLOCK_V if fills else CHUNKED_BLOCK_V), 4, 3
 
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (elsewhere a count no tile choice reaches)."""
-    if device.type != "cuda":
-        return 1 << 30
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
